@@ -1,0 +1,1 @@
+"""One module per command; each has ``main(argv=None) -> int`` and a module docstring that is its manual."""

@@ -1,0 +1,55 @@
+"""What every command shares: turning user errors into one message and an exit code, running a child."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import subprocess
+import sys
+from typing import Callable, Sequence
+
+from csrun.errors import UserError
+
+
+def run_cli(prog: str, body: Callable[[], int]) -> int:
+    """Run a command's body; a :class:`UserError` becomes ``prog: error: ...`` on stderr and its exit code."""
+    try:
+        return body()
+    except UserError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def say(line: str) -> None:
+    """Print one line for the user, flushed before any child writes."""
+    print(line, flush=True)
+
+
+def shown(argv: Sequence[str]) -> str:
+    """An argv as a shell line a user could paste."""
+    return shlex.join(list(argv))
+
+
+def run_child(argv: Sequence[str], env: dict[str, str]) -> int:
+    """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP on to it; its exit code (128+N for signal N)."""
+    child = subprocess.Popen(list(argv), env=env)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.getsignal(s) for s in forwarded}
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    try:
+        for s in forwarded:
+            signal.signal(s, forward)
+    except ValueError:  # not the main thread: signals stay as they are
+        previous = {}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code

@@ -1,0 +1,132 @@
+"""csrun_cpu — run a command on one whole CPU node: the validation and compile path.
+
+Usage::
+
+    csrun_cpu [options] COMMAND [ARGS...]
+    csrun_cpu python-pt run.py --mode train --params configs/fc_mnist.yaml --compile_only
+
+Builds and runs ``srun --nodes=1 --ntasks=1 --exclusive --cpus-per-task=C [--exclude=GRES_NODE]
+[--pty] COMMAND``, printing ``Running: <line>`` first. ``--pty`` is added only when stdin and
+stdout are a terminal. Parsing stops at the first word that is not an option; the rest is
+the command. Options take ``--opt val`` or ``--opt=val``, with dashes or underscores.
+
+Options:
+
+``--alloc-node True/False`` (default True)
+    True: run through srun on one whole node. False: run the command right here, no srun.
+``--mount-dirs a,b``
+    Extra paths to bind into the container, added to the site's (passed to python-pt
+    through ``CSRUN_MOUNT_DIRS``).
+``--logging True/False`` (default True)
+    Echo the ``Running: ...`` line.
+``--exclude_gres True/False`` (default True)
+    Keep the job off the node that owns the system's GRES (``--exclude=GRES_NODE``).
+``--dry-run``
+    Print the line that would run and exit 0.
+``--use-sbatch``
+    Submit the command as a batch job through submitit instead (one exclusive node); prints
+    the job id and the log folder and returns at once.
+``--wait``
+    With ``--use-sbatch``: block until the job ends and exit with the command's exit code.
+``--time LIMIT``, ``--job-name NAME``, ``--log-dir DIR`` (default ``csrun_logs``)
+    With ``--use-sbatch``: time limit (none by default), job name, and where logs go
+    (``DIR/<job id>/``).
+``--def_nodes``, ``--def_tasks``, ``--def_cpus``, ``--singularity``, ``--def_mount_dirs``, ``--def_gres``, ``--def_gres_node``
+    Print that site setting and exit.
+``-h``, ``--help``
+    Show the options with their defaults.
+
+No Slurm (no ``srun`` on PATH, or no controller answering): says so in one line and runs the
+command here as a plain subprocess, with the same environment.
+
+Environment read: the site config (``CSRUN_SITE_CONFIG`` and ``CSRUN_*`` overrides, see
+:mod:`csrun.site`), ``CSRUN_SLURM_PROBE_TIMEOUT``. Environment set for the command: the
+contract in :mod:`csrun.launch.environment` (``CSRUN_LAUNCHER=csrun_cpu``,
+``CSRUN_LAUNCH_MODE``, ``CSRUN_TOTAL_TASKS``, ``CSRUN_TOTAL_NODES`` and the site's
+``CSRUN_*``); ``CS_IP`` passes through.
+
+Exit codes: the command's; 2 for a bad option, value or site config; 1 when the launch fails.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from csrun.cli.common import run_child, run_cli, say, shown
+from csrun.errors import LaunchError, UsageError
+from csrun.launch import sbatch
+from csrun.launch.environment import task_environment
+from csrun.launch.options import SITE_QUERIES, CpuOptions, help_text, parse_args
+from csrun.launch.slurm_probe import probe_slurm
+from csrun.launch.srun import cpu_srun_argv
+from csrun.site import load_site_config
+
+PROG = "csrun_cpu"
+
+
+def _body(argv: list[str]) -> int:
+    parsed = parse_args(argv, CpuOptions, PROG)
+    if parsed.help:
+        say(help_text(PROG, CpuOptions, "Run a command on one whole CPU node (the validation and compile path)."))
+        return 0
+    site = load_site_config()
+    if parsed.query:
+        say(SITE_QUERIES[parsed.query](site))
+        return 0
+    opts: CpuOptions = parsed.options
+    if not parsed.command:
+        raise UsageError(f"no command given. Example: {PROG} python-pt run.py --mode train --params configs/fc_mnist.yaml")
+    if opts.wait and not opts.use_sbatch:
+        raise UsageError("--wait only goes with --use-sbatch")
+
+    use_slurm = opts.alloc_node or opts.use_sbatch
+    if use_slurm and not opts.dry_run:
+        status = probe_slurm()
+        if not status.available:
+            if opts.use_sbatch:
+                raise LaunchError(f"--use-sbatch needs Slurm, and there is none here: {status.reason}")
+            say(f"{PROG}: no Slurm here ({status.reason}); running the command locally.")
+            use_slurm = False
+    env = task_environment(
+        launcher=PROG, mode="slurm" if use_slurm else "local", site=site,
+        extra_mounts=opts.mount_dirs, total_tasks=1, total_nodes=1,
+    )
+
+    if opts.use_sbatch:
+        if opts.dry_run:
+            say(f"Submitting: {shown(parsed.command)} (sbatch via submitit, one exclusive node)")
+            return 0
+        sub = sbatch.submit(
+            parsed.command, env, site, job_name=opts.job_name or PROG, log_dir=opts.log_dir,
+            time=opts.time, exclude_gres=opts.exclude_gres,
+        )
+        say(f"Submitted batch job {sub.job_id}; logs in {sub.log_folder}")
+        return sbatch.wait_for(sub) if opts.wait else 0
+
+    if use_slurm:
+        pty = sys.stdin.isatty() and sys.stdout.isatty()
+        line = cpu_srun_argv(parsed.command, site, exclude_gres=opts.exclude_gres, pty=pty)
+    else:
+        line = list(parsed.command)
+    if opts.logging or opts.dry_run:
+        say(f"Running: {shown(line)}")
+    if opts.dry_run:
+        return 0
+    try:
+        return run_child(line, env)
+    except FileNotFoundError:
+        raise LaunchError(f"command not found: {line[0]!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """csrun_cpu's entry point; returns the exit code."""
+    return run_cli(PROG, lambda: _body(sys.argv[1:] if argv is None else list(argv)))
+
+
+def console_main() -> None:
+    """The console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

@@ -1,0 +1,143 @@
+"""csrun_wse — launch a job on the system: one chief task and streamer tasks on worker nodes.
+
+Usage::
+
+    csrun_wse [options] COMMAND [ARGS...]
+    csrun_wse --total-nodes 3 --tasks-per-node 2 python-pt run.py --mode train --params P --cs_ip H:9000
+
+Prints ``Launching: <line>`` and runs one ``srun --unbuffered --kill-on-bad-exit --mpi=pmi2``
+step, so every task is in one MPI world and rank 0 (the chief) sits on the node holding the
+system's GRES:
+
+* 1 node: ``--exclusive --nodes=1 --tasks-per-node=T --cpus-per-task=C --gres=GRES COMMAND``;
+* N > 1: a heterogeneous step, ``:`` between components: the chief's node
+  (``--nodes=1 --tasks-per-node=T --gres=GRES``), then the workers
+  (``--nodes=N-1 --tasks-per-node=T [--distribution=cyclic] --exclusive --exclude=GRES_NODE``);
+* N > 1 with ``--single-task-nodes S``: S one-task components of one node (the first holds
+  the GRES), then ``--nodes=N-S --tasks-per-node=T``. 5 nodes, S=2, T=4: 14 tasks.
+
+Options (``--opt val`` or ``--opt=val``, dashes or underscores; parsing stops at the first
+word that is not an option):
+
+``--total-nodes N``
+    Nodes for the job (default: the site's ``def_nodes``).
+``--tasks-per-node T``, ``--cpus-per-task C``
+    Defaults from the site; when only one is given the other is worked out from the node's
+    CPU count (``sinfo``, or this machine's without Slurm).
+``--single-task-nodes S`` (default 0)
+    How many nodes run exactly one task; must be less than the number of nodes.
+``--cyclic``
+    ``--distribution=cyclic`` for the worker component (default block).
+``--mount-dirs a,b``
+    Extra container binds, added to the site's (passed on as ``CSRUN_MOUNT_DIRS``).
+``--logging True/False`` (default True)
+    Echo the ``Launching: ...`` line.
+``--dry-run``
+    Print the line and exit 0.
+``--use-sbatch``, ``--wait``, ``--time``, ``--job-name``, ``--log-dir``
+    Not yet for csrun_wse (a heterogeneous batch job); refused with a message.
+``--def_nodes`` … ``--def_gres_node``
+    Print that site setting and exit (as csrun_cpu).
+``-h``, ``--help``
+    Show the options with their defaults.
+
+No Slurm (no ``srun`` on PATH, or no controller answering): says so in one line and runs every
+task of the layout here under ``mpiexec -n <tasks>`` (the one beside this Python, from the
+mpich wheel, else the first on PATH), with the same environment contract.
+
+Environment read: the site config (``CSRUN_SITE_CONFIG``, ``CSRUN_*``),
+``CSRUN_SLURM_PROBE_TIMEOUT``. Environment set for every task: :mod:`csrun.launch.environment`
+(``CSRUN_LAUNCHER=csrun_wse``, ``CSRUN_LAUNCH_MODE``, ``CSRUN_TOTAL_TASKS``,
+``CSRUN_TOTAL_NODES``, the site's ``CSRUN_*``); ``CS_IP`` passes through.
+
+Exit codes: the step's (non-zero when any task fails: ``--kill-on-bad-exit`` ends the rest);
+2 for a bad option, value or site config; 1 when the launch fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from csrun.cli.common import run_child, run_cli, say, shown
+from csrun.errors import LaunchError, UsageError
+from csrun.launch.environment import task_environment
+from csrun.launch.layout import resolve_tasks_and_cpus, wse_layout
+from csrun.launch.options import SITE_QUERIES, WseOptions, help_text, parse_args
+from csrun.launch.slurm_probe import node_cpus, probe_slurm
+from csrun.launch.srun import mpiexec_argv, wse_srun_argv
+from csrun.site import load_site_config
+
+PROG = "csrun_wse"
+
+
+def find_mpiexec() -> str:
+    """The mpiexec beside this Python (the mpich wheel's), else the first on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise LaunchError("no Slurm and no mpiexec: install the mpich wheel (pip install mpich) or run on a Slurm cluster")
+    return found
+
+
+def _body(argv: list[str]) -> int:
+    parsed = parse_args(argv, WseOptions, PROG)
+    if parsed.help:
+        say(help_text(PROG, WseOptions, "Launch a job on the system: the chief on the GRES node, streamers on worker nodes."))
+        return 0
+    site = load_site_config()
+    if parsed.query:
+        say(SITE_QUERIES[parsed.query](site))
+        return 0
+    opts: WseOptions = parsed.options
+    if not parsed.command:
+        raise UsageError(f"no command given. Example: {PROG} --total-nodes 3 python-pt run.py --mode train --params P")
+    if opts.use_sbatch or opts.wait:
+        raise UsageError("--use-sbatch is not available for csrun_wse yet (it needs a heterogeneous batch job); use csrun_cpu --use-sbatch, or run csrun_wse inside salloc")
+
+    status = probe_slurm()
+    use_slurm = status.available
+    cpus = (node_cpus(site.partition) if use_slurm else None) or os.cpu_count() or 1
+    tasks, cpus_per_task = resolve_tasks_and_cpus(
+        opts.tasks_per_node, opts.cpus_per_task, node_cpus=cpus,
+        default_tasks=site.def_tasks_per_node, default_cpus=site.def_cpus_per_task,
+    )
+    layout = wse_layout(
+        nodes=opts.total_nodes or site.def_nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
+        single_task_nodes=opts.single_task_nodes, cyclic=opts.cyclic,
+    )
+    if use_slurm:
+        line = wse_srun_argv(parsed.command, layout, site)
+    else:
+        say(f"{PROG}: no Slurm here ({status.reason}); running the {layout.total_tasks} tasks locally under mpiexec.")
+        line = mpiexec_argv(find_mpiexec(), parsed.command, layout)
+    env = task_environment(
+        launcher=PROG, mode="slurm" if use_slurm else "local", site=site, extra_mounts=opts.mount_dirs,
+        total_tasks=layout.total_tasks, total_nodes=layout.total_nodes,
+    )
+    if opts.logging or opts.dry_run:
+        say(f"Launching: {shown(line)}")
+    if opts.dry_run:
+        return 0
+    try:
+        return run_child(line, env)
+    except FileNotFoundError:
+        raise LaunchError(f"command not found: {line[0]!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """csrun_wse's entry point; returns the exit code."""
+    return run_cli(PROG, lambda: _body(sys.argv[1:] if argv is None else list(argv)))
+
+
+def console_main() -> None:
+    """The console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

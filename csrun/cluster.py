@@ -1,0 +1,110 @@
+"""The one map from Slurm / MPI process state to who this task is.
+
+Every task of a job runs the same script; this module tells it its rank, its role (rank 0 is
+the **chief**, every other rank a **streamer**), its node and the size of the job. Nothing
+else in csrun reads ``SLURM_*`` or ``PMI_*`` variables.
+
+Variables read, first match wins for each item:
+
+rank
+    ``PMI_RANK`` (MPICH's mpiexec, and ``srun --mpi=pmi2``), ``OMPI_COMM_WORLD_RANK``,
+    ``SLURM_PROCID``; else 0.
+number of tasks
+    ``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE``, ``SLURM_NTASKS`` (summed over the components of
+    a heterogeneous step from ``SLURM_HET_SIZE`` and ``SLURM_NTASKS_HET_GROUP_<i>``
+    when those are set); else 1.
+local rank
+    ``MPI_LOCALRANKID`` (MPICH), ``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID``; else 0.
+node name
+    ``SLURMD_NODENAME``; else the host name.
+launcher
+    ``CSRUN_LAUNCHER`` (``csrun_cpu`` or ``csrun_wse``, set by the launchers) and
+    ``CSRUN_LAUNCH_MODE`` (``slurm`` or ``local``); ``SLURM_JOB_ID`` for the job id.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping
+
+CHIEF = "chief"
+STREAMER = "streamer"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterInfo:
+    """Who this task is inside its job."""
+
+    rank: int
+    """Global rank in the job's one MPI world; 0 is the chief."""
+    num_tasks: int
+    """All tasks of the job: the chief plus the streamers."""
+    local_rank: int
+    """Rank among the tasks on this node."""
+    node_name: str
+    """The Slurm node name (``SLURMD_NODENAME``) or the host name."""
+    launcher: str
+    """``csrun_cpu``, ``csrun_wse``, or ``""`` when started some other way."""
+    launch_mode: str
+    """``slurm`` when the tasks came from srun, ``local`` for the no-Slurm fallback, ``""`` when unknown."""
+    job_id: str
+    """The Slurm job id, or ``""``."""
+
+    @property
+    def role(self) -> str:
+        """``chief`` for rank 0, ``streamer`` for every other rank."""
+        return CHIEF if self.rank == 0 else STREAMER
+
+    @property
+    def is_chief(self) -> bool:
+        """True on rank 0."""
+        return self.rank == 0
+
+    @property
+    def num_streamers(self) -> int:
+        """How many tasks stream input to the chief (0 when the chief runs alone)."""
+        return self.num_tasks - 1
+
+    @property
+    def streaming_rank(self) -> int:
+        """This streamer's index among the streamers (0-based); 0 on a lone chief; -1 on a chief with streamers."""
+        if self.rank == 0:
+            return 0 if self.num_tasks == 1 else -1
+        return self.rank - 1
+
+
+def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = env.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return default
+
+
+def _slurm_tasks(env: Mapping[str, str]) -> int | None:
+    het_size = env.get("SLURM_HET_SIZE", "").strip()
+    if het_size.isdigit():
+        counts = [env.get(f"SLURM_NTASKS_HET_GROUP_{i}", "") for i in range(int(het_size))]
+        if all(c.isdigit() for c in counts):
+            return sum(int(c) for c in counts)
+    value = env.get("SLURM_NTASKS", "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
+    """Read this task's place in the job from the environment (``os.environ`` by default)."""
+    env = os.environ if environ is None else environ
+    rank = _first_int(env, ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"), 0)
+    size = _first_int(env, ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 0) or _slurm_tasks(env) or 1
+    local = _first_int(env, ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"), 0)
+    return ClusterInfo(
+        rank=rank,
+        num_tasks=max(size, rank + 1),
+        local_rank=local,
+        node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
+        launcher=env.get("CSRUN_LAUNCHER", ""),
+        launch_mode=env.get("CSRUN_LAUNCH_MODE", ""),
+        job_id=env.get("SLURM_JOB_ID", ""),
+    )

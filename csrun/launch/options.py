@@ -1,0 +1,172 @@
+"""Launcher options, defined once as typed dataclasses, and the legacy-style parser for them.
+
+Each option is a dataclass field; its metadata holds the help text and whether it takes a
+value. The parser accepts what the legacy scripts accepted:
+
+* ``--opt val`` and ``--opt=val``;
+* dash and underscore spellings (``--alloc-node`` and ``--alloc_node``);
+* ``True``/``False`` (any case, also yes/no/1/0) for boolean options that take a value;
+* parsing stops at the first word that is not an option: the rest is the command.
+
+Unlike the legacy scripts, an unknown option is an error (exit 2) that lists the valid ones.
+``--def_*`` style site queries are handled by :data:`SITE_QUERIES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+from csrun.errors import UsageError
+from csrun.site import SiteConfig
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+
+
+def _opt(default: Any, help: str, *, flag: bool = False) -> Any:
+    """A dataclass field that is also a command-line option (``flag``: takes no value)."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+@dataclass(kw_only=True)
+class CommonOptions:
+    """Options both launchers take."""
+
+    mount_dirs: tuple[str, ...] = _opt((), "extra comma-separated paths to bind into the container, added to the site's")
+    logging: bool = _opt(True, "True/False: echo the 'Running:'/'Launching:' line")
+    dry_run: bool = _opt(False, "print the line that would run and exit 0", flag=True)
+    use_sbatch: bool = _opt(False, "submit the command as a batch job instead of running it now", flag=True)
+    wait: bool = _opt(False, "with --use-sbatch: block until the job ends and exit with its exit code", flag=True)
+    time: str = _opt("", "with --use-sbatch: the job's time limit (Slurm format, e.g. 30 or 01:00:00)")
+    job_name: str = _opt("", "with --use-sbatch: the job's name (default: csrun_cpu / csrun_wse)")
+    log_dir: str = _opt("csrun_logs", "with --use-sbatch: folder for the job's logs (one sub-folder per job id)")
+
+
+@dataclass(kw_only=True)
+class CpuOptions(CommonOptions):
+    """csrun_cpu's options."""
+
+    alloc_node: bool = _opt(True, "True: run through srun on one whole node; False: run right here")
+    exclude_gres: bool = _opt(True, "True: keep the job off the node that owns the system's GRES")
+
+
+@dataclass(kw_only=True)
+class WseOptions(CommonOptions):
+    """csrun_wse's options."""
+
+    total_nodes: int | None = _opt(None, "nodes for the job (default: the site's def_nodes)")
+    tasks_per_node: int | None = _opt(None, "tasks per node (default: site, or worked out from --cpus-per-task)")
+    cpus_per_task: int | None = _opt(None, "CPUs per task (default: site, or worked out from --tasks-per-node)")
+    single_task_nodes: int = _opt(0, "how many nodes run exactly one task; must be less than the number of nodes")
+    cyclic: bool = _opt(False, "distribute the worker tasks cyclically (--distribution=cyclic)", flag=True)
+
+
+SITE_QUERIES: dict[str, Callable[[SiteConfig], str]] = {
+    "def_nodes": lambda s: str(s.def_nodes),
+    "def_tasks": lambda s: str(s.def_tasks_per_node),
+    "def_cpus": lambda s: str(s.def_cpus_per_task),
+    "singularity": lambda s: s.image,
+    "def_mount_dirs": lambda s: ",".join(s.mount_dirs),
+    "def_gres": lambda s: s.gres_resource,
+    "def_gres_node": lambda s: s.gres_node,
+}
+"""The legacy ``--def_*`` queries: each prints one site setting and exits."""
+
+OptionsT = TypeVar("OptionsT", bound=CommonOptions)
+
+
+@dataclass(frozen=True)
+class ParsedArgs:
+    """What the parser found: the options, a site query if one was asked, help, the command."""
+
+    options: Any
+    command: list[str]
+    query: str | None = None
+    help: bool = False
+
+
+def _canonical(word: str) -> str:
+    return word.lstrip("-").replace("-", "_")
+
+
+def _spelling(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def help_text(prog: str, cls: type[CommonOptions], summary: str) -> str:
+    """The ``--help`` text: usage, every option with its default, and the site queries."""
+    lines = [f"usage: {prog} [options] COMMAND [ARGS...]", "", summary, "", "options (dash or underscore spelling; --opt val or --opt=val):"]
+    for f in dataclasses.fields(cls):
+        value = "" if f.metadata["flag"] else " VALUE"
+        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        lines.append(f"  {_spelling(f.name)}{value}  {f.metadata['help']} (default: {default!r})")
+    lines.append("  -h, --help  show this help and exit")
+    lines.append("site queries (print one site setting and exit): " + " ".join("--" + q for q in SITE_QUERIES))
+    return "\n".join(lines)
+
+
+def _convert(name: str, kind: str, raw: str) -> Any:
+    if kind == "bool":
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise UsageError(f"option {_spelling(name)}: {raw!r} is not True or False")
+    if kind in ("int", "int | None"):
+        try:
+            value = int(raw)
+        except ValueError:
+            raise UsageError(f"option {_spelling(name)}: {raw!r} is not a whole number") from None
+        if value < (0 if name == "single_task_nodes" else 1):
+            raise UsageError(f"option {_spelling(name)}: {raw!r} must be at least {0 if name == 'single_task_nodes' else 1}")
+        return value
+    if kind.startswith("tuple"):
+        return tuple(p.strip() for p in raw.split(",") if p.strip())
+    return raw
+
+
+def parse_args(argv: list[str], cls: type[OptionsT], prog: str) -> ParsedArgs:
+    """Parse ``argv`` into ``cls`` options and the command; raise UsageError for bad input."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            i += 1
+            break
+        if word in ("-h", "--help"):
+            return ParsedArgs(options=cls(**values), command=[], help=True)
+        if not word.startswith("-") or word == "-":
+            break
+        key, has_value, inline = word.partition("=")
+        name = _canonical(key)
+        if name in SITE_QUERIES and not has_value:
+            return ParsedArgs(options=cls(**values), command=[], query=name)
+        if name not in fields or not key.startswith("--"):
+            known = [_spelling(n) for n in fields] + ["--" + q for q in SITE_QUERIES]
+            close = difflib.get_close_matches(key.replace("_", "-"), known, n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise UsageError(f"unknown option {word!r}.{hint} Valid options: {' '.join(known)} (see {prog} --help)")
+        f = fields[name]
+        if f.metadata["flag"]:
+            if has_value:
+                values[name] = _convert(name, "bool", inline)
+            else:
+                values[name] = True
+            i += 1
+            continue
+        if has_value:
+            raw = inline
+            i += 1
+        else:
+            if i + 1 >= len(argv):
+                raise UsageError(f"option {word} needs a value ({f.metadata['help']})")
+            raw = argv[i + 1]
+            i += 2
+        values[name] = _convert(name, str(f.type), raw)
+    return ParsedArgs(options=cls(**values), command=list(argv[i:]))

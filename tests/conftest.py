@@ -1,0 +1,78 @@
+"""Shared fixtures: the repository paths, the venv's tools, and the local Slurm cluster.
+
+Tests marked ``slurm`` need the cluster that ``slurm/local-cluster start`` brings up. Locally
+they skip, with the reason, when it is not running; under ``CI=true`` a missing cluster is a
+failure, because CI starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / "bin"
+VENV_BIN = Path(sys.executable).parent
+CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster"
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """The environment a test gives a launcher: the venv's bin first, the repo importable."""
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("CS_IP", None)
+    env.update(extra)
+    return env
+
+
+def _cluster_conf() -> tuple[str | None, str]:
+    if not CLUSTER_SCRIPT.exists():
+        return None, "slurm/local-cluster is missing"
+    try:
+        done = subprocess.run([str(CLUSTER_SCRIPT), "status"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"slurm/local-cluster status failed: {exc}"
+    if done.returncode != 0:
+        return None, "the local Slurm cluster is not running (start it with: slurm/local-cluster start --workers 4)"
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("export SLURM_CONF="):
+            return line.split("=", 1)[1].strip().strip("'\""), ""
+    return None, "slurm/local-cluster status printed no SLURM_CONF"
+
+
+@pytest.fixture(scope="session")
+def slurm_conf() -> str:
+    """The running local cluster's slurm.conf path (skip locally, fail in CI, when there is none)."""
+    conf, why = _cluster_conf()
+    if conf is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must have the local Slurm cluster: {why}")
+        pytest.skip(why)
+    return conf
+
+
+@pytest.fixture()
+def slurm_env(slurm_conf: str) -> dict[str, str]:
+    """An environment whose srun/sbatch talk to the local cluster."""
+    return base_env(SLURM_CONF=slurm_conf)
+
+
+@pytest.fixture()
+def no_slurm_env(tmp_path: Path) -> dict[str, str]:
+    """An environment with no Slurm commands on PATH (only the venv and core system tools)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("bash", "env", "true", "false", "sleep", "cat", "python3"):
+        for folder in ("/usr/bin", "/bin"):
+            if os.path.exists(f"{folder}/{name}"):
+                os.symlink(f"{folder}/{name}", tools / name)
+                break
+    env = base_env()
+    env["PATH"] = f"{VENV_BIN}:{tools}"
+    env.pop("SLURM_CONF", None)
+    return env

@@ -1,0 +1,48 @@
+"""Golden files for the srun lines of every step shape (set CSRUN_UPDATE_GOLDEN=1 to rewrite)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from csrun.launch.layout import wse_layout
+from csrun.launch.srun import cpu_srun_argv, mpiexec_argv, wse_srun_argv
+from csrun.site import SiteConfig
+
+GOLDEN = Path(__file__).parent / "golden"
+SITE = SiteConfig(gres_node="cs-chief", gres_resource="cs:1", def_cpus_per_task=2)
+SITE_PARTITION = SiteConfig(gres_node="cs-chief", gres_resource="cs:1", partition="wse", account="proj1")
+CMD = ["python-pt", "run.py", "--mode", "train", "--params", "configs/fc_mnist.yaml"]
+
+CASES = {
+    "cpu_exclude_gres": lambda: cpu_srun_argv(CMD, SITE, exclude_gres=True, pty=False),
+    "cpu_pty_no_exclude": lambda: cpu_srun_argv(CMD, SITE, exclude_gres=False, pty=True),
+    "cpu_partition_account": lambda: cpu_srun_argv(CMD, SITE_PARTITION, exclude_gres=True, pty=False),
+    "wse_1_node": lambda: wse_srun_argv(CMD, wse_layout(nodes=1, tasks_per_node=4, cpus_per_task=2, single_task_nodes=0, cyclic=False), SITE),
+    "wse_3_nodes": lambda: wse_srun_argv(CMD, wse_layout(nodes=3, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE),
+    "wse_3_nodes_cyclic_partition": lambda: wse_srun_argv(CMD, wse_layout(nodes=3, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=True), SITE_PARTITION),
+    "wse_5_nodes_2_single_4_per_node": lambda: wse_srun_argv(CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False), SITE),
+    "wse_4_nodes_2_single_2_per_node_cyclic": lambda: wse_srun_argv(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE),
+    "mpiexec_5_nodes_2_single_4_per_node": lambda: mpiexec_argv("mpiexec", CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name: str) -> None:
+    line = " ".join(CASES[name]()) + "\n"
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("CSRUN_UPDATE_GOLDEN") == "1":
+        path.write_text(line)
+    assert line == path.read_text()
+
+
+def test_legacy_example_has_14_tasks_and_gres_only_on_component_0() -> None:
+    layout = wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False)
+    assert layout.total_tasks == 14
+    line = wse_srun_argv(["cmd"], layout, SITE)
+    components = " ".join(line).split(" : ")
+    assert len(components) == 3
+    assert "--gres=cs:1" in components[0] and all("--gres" not in c for c in components[1:])
+    assert line.count("--mpi=pmi2") == 1 and line[:4] == ["srun", "--unbuffered", "--kill-on-bad-exit", "--mpi=pmi2"]

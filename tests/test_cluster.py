@@ -1,0 +1,33 @@
+"""csrun.cluster: the one map from Slurm/MPI variables to rank, role, node and job size."""
+
+from __future__ import annotations
+
+from csrun.cluster import CHIEF, STREAMER, cluster_info
+
+
+def test_alone_is_the_chief_with_no_streamers() -> None:
+    info = cluster_info({})
+    assert (info.rank, info.num_tasks, info.role, info.num_streamers, info.streaming_rank) == (0, 1, CHIEF, 0, 0)
+
+
+def test_mpich_variables() -> None:
+    info = cluster_info({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2", "CSRUN_LAUNCHER": "csrun_wse", "CSRUN_LAUNCH_MODE": "local"})
+    assert (info.rank, info.num_tasks, info.local_rank, info.role, info.streaming_rank) == (2, 4, 2, STREAMER, 1)
+    assert (info.launcher, info.launch_mode) == ("csrun_wse", "local")
+
+
+def test_pmi_wins_over_slurm_per_component_values() -> None:
+    env = {"PMI_RANK": "5", "PMI_SIZE": "6", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURMD_NODENAME": "cs-w2", "SLURM_JOB_ID": "17"}
+    info = cluster_info(env)
+    assert (info.rank, info.num_tasks, info.node_name, info.job_id) == (5, 6, "cs-w2", "17")
+
+
+def test_slurm_heterogeneous_step_sums_components() -> None:
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_HET_SIZE": "2", "SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "4"}
+    info = cluster_info(env)
+    assert (info.rank, info.num_tasks) == (3, 5)
+
+
+def test_chief_with_streamers_has_no_streaming_rank() -> None:
+    info = cluster_info({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"})
+    assert (info.role, info.num_streamers, info.streaming_rank) == (CHIEF, 2, -1)
