@@ -1,5 +1,7 @@
 """The one map from Slurm / MPI process state to who this task is.
 
+``python -m csrun.cluster`` prints one line saying who the task is (a smoke test for launches).
+
 Every task of a job runs the same script; this module tells it its rank, its role (rank 0 is
 the **chief**, every other rank a **streamer**), its node and the size of the job. Nothing
 else in csrun reads ``SLURM_*`` or ``PMI_*`` variables.
@@ -108,3 +110,14 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
         launch_mode=env.get("CSRUN_LAUNCH_MODE", ""),
         job_id=env.get("SLURM_JOB_ID", ""),
     )
+
+
+def describe(info: ClusterInfo) -> str:
+    """One line saying who this task is, e.g. ``rank 1/4 streamer 0 on cs-w1 (csrun_wse, slurm job 12)``."""
+    who = info.role if info.is_chief else f"{info.role} {info.streaming_rank}"
+    how = ", ".join(x for x in (info.launcher, info.launch_mode, f"job {info.job_id}" if info.job_id else "") if x)
+    return f"rank {info.rank}/{info.num_tasks} {who} on {info.node_name}" + (f" ({how})" if how else "")
+
+
+if __name__ == "__main__":
+    print(describe(cluster_info()), flush=True)

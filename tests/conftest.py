@@ -25,6 +25,7 @@ def base_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}"
     env["PYTHONPATH"] = str(REPO)
+    env["CSRUN_PYTHON"] = sys.executable
     env.pop("CS_IP", None)
     env.update(extra)
     return env
@@ -76,3 +77,13 @@ def no_slurm_env(tmp_path: Path) -> dict[str, str]:
     env["PATH"] = f"{VENV_BIN}:{tools}"
     env.pop("SLURM_CONF", None)
     return env
+
+
+def read_probes(out: Path) -> dict[int, dict]:
+    """The evidence task_probe.py left: rank -> its record."""
+    import json
+
+    return {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in out.glob("rank_*.json")}
+
+
+PROBE = REPO / "tests" / "scripts" / "task_probe.py"

@@ -17,6 +17,10 @@ container — ``PYTHONPATH``, ``PYTHONHOME``, ``PYTHONSTARTUP``, ``LD_LIBRARY_PA
 Otherwise it runs ARGS with the current Python (``sys.executable``), environment untouched,
 after one notice line saying why (no image configured, or no runtime found).
 
+In a job of several tasks (see :mod:`csrun.cluster`) a script, ``-m`` module or ``-c``
+command runs under ``python -m mpi4py``: an uncaught exception or non-zero exit on any rank
+then aborts the whole MPI job (``MPI_Abort``) instead of leaving the others hanging.
+
 Notices are printed by the chief task only (rank 0, see :mod:`csrun.cluster`) so a job of
 many tasks prints them once. The command replaces this process (exec): its exit code and
 signals are the command's.

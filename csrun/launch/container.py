@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from csrun.cluster import cluster_info
 from csrun.site import SiteConfig
 
 UNSET_FOR_CONTAINER = (
@@ -52,6 +53,18 @@ def gpus_visible(environ: Mapping[str, str], dev: Path = Path("/dev")) -> bool:
     return any(dev.glob("nvidia[0-9]*"))
 
 
+def abort_on_failure(args: list[str]) -> list[str]:
+    """``-m mpi4py ARGS`` for a script, ``-m`` module or ``-c`` command, else ARGS unchanged.
+
+    Under mpich, a rank that raises or exits non-zero after MPI_Init hangs in MPI_Finalize
+    while the others wait for it, and the step never ends. mpi4py's runner turns an uncaught
+    exception or a non-zero exit into ``MPI_Abort`` on COMM_WORLD, which ends the whole job.
+    """
+    if args and (args[0] in ("-m", "-c") or not args[0].startswith("-")):
+        return ["-m", "mpi4py", *args]
+    return list(args)
+
+
 def container_plan(
     args: list[str],
     site: SiteConfig,
@@ -60,8 +73,14 @@ def container_plan(
     runtime: str | None,
     gpus: bool,
     cwd: str,
+    multi_task: bool = False,
 ) -> ContainerPlan:
-    """The argv for ``python-pt ARGS``: ``RUNTIME exec [--nv] [--bind a,b] IMAGE python3 ARGS``, or this Python."""
+    """The argv for ``python-pt ARGS``: ``RUNTIME exec [--nv] [--bind a,b] IMAGE python3 ARGS``, or this Python.
+
+    ``multi_task``: the job has several tasks, so ARGS run under :func:`abort_on_failure`.
+    """
+    if multi_task:
+        args = abort_on_failure(args)
     if not site.image or runtime is None:
         why = "no container image configured (site 'image' / CSRUN_IMAGE)" if not site.image else f"no apptainer or singularity on PATH for image {site.image}"
         return ContainerPlan(argv=[sys.executable, *args], notices=[f"python-pt: {why}; running {sys.executable}"])
@@ -83,4 +102,7 @@ def container_plan(
 
 def plan_for_this_task(args: list[str], site: SiteConfig) -> ContainerPlan:
     """:func:`container_plan` for this process: runtime on PATH, GPUs in /dev, the current folder."""
-    return container_plan(args, site, os.environ, runtime=find_runtime(), gpus=gpus_visible(os.environ), cwd=os.getcwd())
+    return container_plan(
+        args, site, os.environ, runtime=find_runtime(), gpus=gpus_visible(os.environ), cwd=os.getcwd(),
+        multi_task=cluster_info().num_tasks > 1,
+    )

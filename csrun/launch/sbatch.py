@@ -4,6 +4,11 @@ The job runs :func:`run_command` on one exclusive node (off the GRES node, as cs
 interactive path). Logs land in ``<log_dir>/<job id>/`` (submitit's ``<id>_0_log.out`` and
 ``<id>_0_log.err``). With ``wait`` the caller blocks until the job ends and gets the
 command's exit code back.
+
+submitit learns a job's state from ``sacct``, which needs Slurm accounting; clusters without
+it (the local test cluster among them) leave the state UNKNOWN, and a job that dies before
+writing its result would be waited for forever. :class:`SqueueWatcher` asks ``squeue
+--states=all`` instead, which shows finished jobs for the cluster's MinJobAge.
 """
 
 from __future__ import annotations
@@ -16,6 +21,32 @@ from pathlib import Path
 
 from csrun.errors import LaunchError, UsageError
 from csrun.site import SiteConfig
+
+
+def _squeue_classes() -> tuple[type, type]:
+    """submitit's SlurmExecutor and SlurmJob with a watcher that reads squeue, not sacct."""
+    from submitit.slurm import slurm
+
+    class SqueueWatcher(slurm.SlurmInfoWatcher):
+        """Job states from ``squeue --states=all``: works without Slurm accounting."""
+
+        def _make_command(self) -> list[str] | None:
+            ids = {x.split("_")[0] for x in self._registered - self._finished}
+            if not ids:
+                return None
+            return ["squeue", "--noheader", "--states=all", "--format=%i|%T|%N", "--jobs=" + ",".join(sorted(ids))]
+
+        def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
+            text = string.decode() if isinstance(string, bytes) else string
+            return super().read_info("JobID|State|NodeList\n" + text)
+
+    class SqueueJob(slurm.SlurmJob):
+        watcher = SqueueWatcher(delay_s=2)
+
+    class SqueueExecutor(slurm.SlurmExecutor):
+        job_class = SqueueJob
+
+    return SqueueExecutor, SqueueJob
 
 
 def run_command(command: list[str], env: dict[str, str], cwd: str) -> int:
@@ -62,10 +93,9 @@ def submit(
     exclude_gres: bool,
 ) -> Submission:
     """Submit ``command`` as a one-node exclusive batch job; return at once."""
-    import submitit  # deferred: only --use-sbatch needs it
-
+    executor_class, _ = _squeue_classes()
     folder = Path(log_dir).resolve() / "%j"
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=3)
+    executor = executor_class(folder=folder, max_num_timeout=3)
     params: dict[str, object] = dict(
         job_name=job_name,
         time=time_limit_minutes(time),

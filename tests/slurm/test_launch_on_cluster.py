@@ -1,0 +1,122 @@
+"""The launchers on the real local Slurm cluster (slurm/local-cluster start --workers 4).
+
+Each task runs tests/scripts/task_probe.py, which writes its rank, node, role, MPI view and
+CSRUN_* environment to a file; the tests check the set against the legacy layout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, PROBE, read_probes
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
+GRES_NODE = "cs-chief"
+
+
+def launch(argv: list[str], env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def wse(options: list[str], out: Path, env: dict[str, str], *probe_args: str) -> subprocess.CompletedProcess[str]:
+    return launch([str(BIN / "csrun_wse"), *options, str(BIN / "python-pt"), str(PROBE), str(out), *probe_args], env)
+
+
+def test_csrun_cpu_runs_on_one_exclusive_node_off_the_gres_node(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    done = launch([str(BIN / "csrun_cpu"), str(BIN / "python-pt"), str(PROBE), str(tmp_path)], slurm_env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Running: srun --nodes=1 --ntasks=1 --exclusive --cpus-per-task=1 --exclude=cs-chief ")
+    probes = read_probes(tmp_path)
+    assert list(probes) == [0]
+    rec = probes[0]
+    assert rec["node"].startswith("cs-w") and rec["node"] != GRES_NODE
+    assert (rec["role"], rec["launcher"], rec["launch_mode"]) == ("chief", "csrun_cpu", "slurm")
+
+
+def test_csrun_cpu_alloc_node_false_runs_here(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    done = launch([str(BIN / "csrun_cpu"), "--alloc-node", "False", str(BIN / "python-pt"), str(PROBE), str(tmp_path)], slurm_env)
+    assert done.returncode == 0, done.stderr
+    assert read_probes(tmp_path)[0]["launch_mode"] == "local"
+
+
+def check_world(probes: dict[int, dict], tasks: int) -> None:
+    assert sorted(probes) == list(range(tasks))
+    for rank, rec in probes.items():
+        assert rec["mpi_rank"] == rank and rec["mpi_size"] == tasks, rec
+        assert rec["allreduce"] == tasks, "every component must be in one MPI world"
+        assert rec["role"] == ("chief" if rank == 0 else "streamer")
+        assert (rec["launcher"], rec["launch_mode"], rec["num_tasks"]) == ("csrun_wse", "slurm", tasks)
+        assert rec["env"]["CSRUN_TOTAL_TASKS"] == str(tasks)
+    assert probes[0]["node"] == GRES_NODE
+
+
+def test_one_node(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    done = wse(["--total-nodes", "1", "--tasks-per-node", "2"], tmp_path, slurm_env)
+    assert done.returncode == 0, done.stderr
+    assert "Launching: srun --unbuffered --kill-on-bad-exit --mpi=pmi2 --exclusive --nodes=1 --tasks-per-node=2" in done.stdout
+    probes = read_probes(tmp_path)
+    check_world(probes, 2)
+    assert {r["node"] for r in probes.values()} == {GRES_NODE}
+
+
+def test_three_nodes_chief_component_and_workers(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    done = wse(["--total-nodes", "3", "--tasks-per-node", "2"], tmp_path, {**slurm_env, "CS_IP": "127.0.0.1:9000"})
+    assert done.returncode == 0, done.stderr
+    probes = read_probes(tmp_path)
+    check_world(probes, 6)
+    nodes = Counter(r["node"] for r in probes.values())
+    assert nodes[GRES_NODE] == 2 and len(nodes) == 3 and set(nodes.values()) == {2}
+    assert probes[1]["node"] == GRES_NODE
+    assert all(probes[r]["node"] != GRES_NODE for r in range(2, 6))
+    assert {r["env"]["CS_IP"] for r in probes.values()} == {"127.0.0.1:9000"}
+
+
+def test_single_task_nodes_and_cyclic(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    done = wse(["--total-nodes", "4", "--single-task-nodes", "2", "--tasks-per-node", "2", "--cyclic"], tmp_path, slurm_env)
+    assert done.returncode == 0, done.stderr
+    assert "--distribution=cyclic" in done.stdout
+    probes = read_probes(tmp_path)
+    check_world(probes, 6)
+    nodes = Counter(r["node"] for r in probes.values())
+    assert nodes[GRES_NODE] == 1, "the chief is alone on the GRES node"
+    assert nodes[probes[1]["node"]] == 1 and probes[1]["node"] != GRES_NODE, "rank 1 is alone on its node"
+    rest = {r: probes[r]["node"] for r in range(2, 6)}
+    assert len(set(rest.values())) == 2 and not set(rest.values()) & {GRES_NODE, probes[1]["node"]}
+    assert rest[2] == rest[4] and rest[3] == rest[5] and rest[2] != rest[3], "cyclic: ranks alternate over the worker nodes"
+
+
+def test_a_failing_task_ends_the_step_within_seconds(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    start = time.monotonic()
+    done = wse(["--total-nodes", "2", "--tasks-per-node", "2"], tmp_path, slurm_env, "--fail-rank", "3", "--sleep", "120")
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert elapsed < 60, f"the step took {elapsed:.0f}s to end after a task failed"
+
+
+@pytest.mark.timeout(300)
+def test_use_sbatch_wait_returns_the_exit_code_and_leaves_logs(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    cmd = [str(BIN / "csrun_cpu"), "--use-sbatch", "--wait", "--log-dir", str(logs), "--job-name", "csrun-test", "bash", "-c", "echo from-the-batch-job; exit 4"]
+    done = launch(cmd, slurm_env, timeout=280)
+    assert done.returncode == 4, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("Submitted batch job ")
+    job_id = first.split()[3].rstrip(";")
+    folder = logs / job_id
+    assert folder.is_dir()
+    outs = list(folder.glob("*_log.out"))
+    assert outs and "from-the-batch-job" in outs[0].read_text()
+
+
+def test_use_sbatch_without_wait_returns_at_once(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    done = launch([str(BIN / "csrun_cpu"), "--use-sbatch", "--log-dir", str(logs), "true"], slurm_env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[3].rstrip(";")
+    assert job_id.isdigit()
+    subprocess.run(["scancel", job_id], env=slurm_env, check=False)
