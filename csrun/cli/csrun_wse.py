@@ -34,8 +34,15 @@ word that is not an option):
     Echo the ``Launching: ...`` line.
 ``--dry-run``
     Print the line and exit 0.
-``--use-sbatch``, ``--wait``, ``--time``, ``--job-name``, ``--log-dir``
-    Not yet for csrun_wse (a heterogeneous batch job); refused with a message.
+``--use-sbatch``
+    Submit the same layout as a heterogeneous batch job (one ``#SBATCH`` block per
+    component, ``#SBATCH hetjob`` between them) whose body runs the step; prints the job id
+    and the log folder ``<log-dir>/<job id>/`` (which also keeps the script as ``job.sbatch``).
+    With ``--dry-run`` prints the script.
+``--wait``
+    With ``--use-sbatch``: block until the job ends and exit with its exit code.
+``--time LIMIT``, ``--job-name NAME``, ``--log-dir DIR`` (default ``csrun_logs``)
+    With ``--use-sbatch``: time limit (none by default), job name, log folder.
 ``--def_nodes`` … ``--def_gres_node``
     Print that site setting and exit (as csrun_cpu).
 ``-h``, ``--help``
@@ -64,6 +71,7 @@ from pathlib import Path
 from csrun.cli.common import run_child, run_cli, say, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch.environment import task_environment
+from csrun.launch.hetjob import hetjob_script, submit_hetjob, wait_for_hetjob
 from csrun.launch.layout import resolve_tasks_and_cpus, wse_layout
 from csrun.launch.options import SITE_QUERIES, WseOptions, help_text, parse_args
 from csrun.launch.slurm_probe import node_cpus, probe_slurm
@@ -96,11 +104,13 @@ def _body(argv: list[str]) -> int:
     opts: WseOptions = parsed.options
     if not parsed.command:
         raise UsageError(f"no command given. Example: {PROG} --total-nodes 3 python-pt run.py --mode train --params P")
-    if opts.use_sbatch or opts.wait:
-        raise UsageError("--use-sbatch is not available for csrun_wse yet (it needs a heterogeneous batch job); use csrun_cpu --use-sbatch, or run csrun_wse inside salloc")
+    if opts.wait and not opts.use_sbatch:
+        raise UsageError("--wait only goes with --use-sbatch")
 
     status = probe_slurm()
     use_slurm = status.available
+    if opts.use_sbatch and not use_slurm:
+        raise LaunchError(f"--use-sbatch needs Slurm, and there is none here: {status.reason}")
     cpus = (node_cpus(site.partition) if use_slurm else None) or os.cpu_count() or 1
     tasks, cpus_per_task = resolve_tasks_and_cpus(
         opts.tasks_per_node, opts.cpus_per_task, node_cpus=cpus,
@@ -110,15 +120,24 @@ def _body(argv: list[str]) -> int:
         nodes=opts.total_nodes or site.def_nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
         single_task_nodes=opts.single_task_nodes, cyclic=opts.cyclic,
     )
+    env = task_environment(
+        launcher=PROG, mode="slurm" if use_slurm else "local", site=site, extra_mounts=opts.mount_dirs,
+        total_tasks=layout.total_tasks, total_nodes=layout.total_nodes,
+    )
+    if opts.use_sbatch:
+        log_dir = Path(opts.log_dir).resolve()
+        script = hetjob_script(parsed.command, layout, site, job_name=opts.job_name or PROG, log_dir=log_dir, time=opts.time, cwd=os.getcwd())
+        if opts.dry_run:
+            say(script)
+            return 0
+        sub = submit_hetjob(script, env, log_dir)
+        say(f"Submitted batch job {sub.job_id}; logs in {sub.log_folder}")
+        return wait_for_hetjob(sub) if opts.wait else 0
     if use_slurm:
         line = wse_srun_argv(parsed.command, layout, site)
     else:
         say(f"{PROG}: no Slurm here ({status.reason}); running the {layout.total_tasks} tasks locally under mpiexec.")
         line = mpiexec_argv(find_mpiexec(), parsed.command, layout)
-    env = task_environment(
-        launcher=PROG, mode="slurm" if use_slurm else "local", site=site, extra_mounts=opts.mount_dirs,
-        total_tasks=layout.total_tasks, total_nodes=layout.total_nodes,
-    )
     if opts.logging or opts.dry_run:
         say(f"Launching: {shown(line)}")
     if opts.dry_run:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from csrun.launch.hetjob import hetjob_script
 from csrun.launch.layout import wse_layout
 from csrun.launch.srun import cpu_srun_argv, mpiexec_argv, wse_srun_argv
 from csrun.site import SiteConfig
@@ -25,13 +26,16 @@ CASES = {
     "wse_3_nodes_cyclic_partition": lambda: wse_srun_argv(CMD, wse_layout(nodes=3, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=True), SITE_PARTITION),
     "wse_5_nodes_2_single_4_per_node": lambda: wse_srun_argv(CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False), SITE),
     "wse_4_nodes_2_single_2_per_node_cyclic": lambda: wse_srun_argv(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE),
+    "hetjob_4_nodes_2_single_2_per_node_cyclic": lambda: hetjob_script(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE_PARTITION, job_name="csrun_wse", log_dir=Path("/logs"), time="01:00:00", cwd="/work"),
+    "hetjob_1_node": lambda: hetjob_script(CMD, wse_layout(nodes=1, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, job_name="j", log_dir=Path("/logs"), time="", cwd="/work"),
     "mpiexec_5_nodes_2_single_4_per_node": lambda: mpiexec_argv("mpiexec", CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden(name: str) -> None:
-    line = " ".join(CASES[name]()) + "\n"
+    made = CASES[name]()
+    line = made if isinstance(made, str) else " ".join(made) + "\n"
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("CSRUN_UPDATE_GOLDEN") == "1":
         path.write_text(line)

@@ -120,3 +120,25 @@ def test_use_sbatch_without_wait_returns_at_once(slurm_env: dict[str, str], tmp_
     job_id = done.stdout.split()[3].rstrip(";")
     assert job_id.isdigit()
     subprocess.run(["scancel", job_id], env=slurm_env, check=False)
+
+
+@pytest.mark.timeout(300)
+def test_csrun_wse_use_sbatch_runs_the_layout_as_a_heterogeneous_job(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    argv = [str(BIN / "csrun_wse"), "--use-sbatch", "--wait", "--log-dir", str(logs), "--total-nodes", "3", "--tasks-per-node", "2", str(BIN / "python-pt"), str(PROBE), str(out)]
+    done = launch(argv, slurm_env, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = done.stdout.split()[3].rstrip(";")
+    assert (logs / job_id / f"{job_id}_log.out").exists() and "#SBATCH hetjob" in (logs / job_id / "job.sbatch").read_text()
+    probes = read_probes(out)
+    check_world(probes, 6)
+    assert Counter(r["node"] for r in probes.values())[GRES_NODE] == 2
+
+
+@pytest.mark.timeout(300)
+def test_csrun_wse_use_sbatch_wait_reports_a_failure(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    argv = [str(BIN / "csrun_wse"), "--use-sbatch", "--wait", "--log-dir", str(tmp_path / "logs"), "--total-nodes", "2", "--tasks-per-node", "1", str(BIN / "python-pt"), str(PROBE), str(tmp_path / "out"), "--fail-rank", "1", "--sleep", "120"]
+    start = time.monotonic()
+    done = launch(argv, slurm_env, timeout=280)
+    assert done.returncode != 0
+    assert time.monotonic() - start < 90

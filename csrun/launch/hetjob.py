@@ -1,0 +1,110 @@
+"""``csrun_wse --use-sbatch``: the legacy step shape as a heterogeneous Slurm batch job.
+
+submitit cannot describe a heterogeneous job, so this module writes the batch script itself:
+one ``#SBATCH`` block per component of the :class:`~csrun.launch.layout.Layout` separated
+by ``#SBATCH hetjob``, and a body that runs the step over every component
+(``srun ... --het-group=0 CMD : --het-group=1 ... CMD``). The job is submitted held, its log
+folder ``<log_dir>/<job id>/`` is made, and then it is released, so logs land beside
+csrun_cpu's (``<id>_log.out`` / ``<id>_log.err``). Waiting polls ``squeue --states=all`` and
+reads the exit code from ``scontrol show job``: neither needs Slurm accounting.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from csrun.errors import LaunchError
+from csrun.launch.layout import Layout
+from csrun.launch.sbatch import time_limit_minutes
+from csrun.launch.srun import WSE_STEP_FLAGS
+from csrun.site import SiteConfig
+
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def hetjob_script(command: list[str], layout: Layout, site: SiteConfig, *, job_name: str, log_dir: Path, time: str, cwd: str) -> str:
+    """The batch script for ``command`` over ``layout`` (one component: a plain job)."""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --output={log_dir}/%j/%j_log.out", f"#SBATCH --error={log_dir}/%j/%j_log.err"]
+    lines.append(f"#SBATCH --chdir={cwd}")
+    minutes = time_limit_minutes(time)
+    if minutes:
+        lines.append(f"#SBATCH --time={minutes}")
+    step: list[str] = ["srun", *WSE_STEP_FLAGS]
+    last = len(layout.components) - 1
+    for i, c in enumerate(layout.components):
+        if i:
+            lines.append("#SBATCH hetjob")
+        opts = [f"--nodes={c.nodes}", f"--ntasks-per-node={c.tasks_per_node}", f"--cpus-per-task={c.cpus_per_task}"]
+        if site.partition:
+            opts.append(f"--partition={site.partition}")
+        if site.account:
+            opts.append(f"--account={site.account}")
+        if c.gres and site.gres_resource:
+            opts.append(f"--gres={site.gres_resource}")
+        if c.worker or len(layout.components) == 1:
+            opts.append("--exclusive")
+        lines += [f"#SBATCH {o}" for o in opts]
+        if len(layout.components) > 1:
+            if i:
+                step.append(":")
+            step.append(f"--het-group={i}")
+        if c.worker and i == last and layout.cyclic:
+            step.append("--distribution=cyclic")
+        step += command
+    lines += ["", "# one step over every component: the chief (rank 0) on the GRES node, the streamers after it", shlex.join(step), ""]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HetSubmission:
+    """A submitted heterogeneous job: its id and log folder."""
+
+    job_id: str
+    log_folder: Path
+
+
+def _run(argv: list[str], what: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, env=env)
+    if done.returncode != 0:
+        raise LaunchError(f"{what} failed: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+def submit_hetjob(script: str, env: dict[str, str], log_dir: Path) -> HetSubmission:
+    """Submit ``script`` held (its tasks get ``env``), make its log folder, release it."""
+    job_id = _run(["sbatch", "--parsable", "--hold"], "sbatch", stdin=script, env=env).strip().split(";")[0]
+    folder = log_dir / job_id
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.sbatch").write_text(script)
+    _run(["scontrol", "release", job_id], "scontrol release")
+    return HetSubmission(job_id=job_id, log_folder=folder)
+
+
+def _states(job_id: str) -> list[str]:
+    out = _run(["squeue", "--noheader", "--states=all", "--format=%T", f"--jobs={job_id}"], "squeue")
+    return [s.strip() for s in out.split() if s.strip()]
+
+
+def _exit_code(job_id: str) -> int:
+    out = _run(["scontrol", "show", "job", job_id], "scontrol show job")
+    codes = []
+    for word in out.split():
+        if word.startswith("ExitCode="):
+            status, _, sig = word.split("=", 1)[1].partition(":")
+            codes.append(int(status) if int(status) else (128 + int(sig) if int(sig) else 0))
+    return max(codes, default=1)
+
+
+def wait_for_hetjob(sub: HetSubmission, poll_s: float = 1.0) -> int:
+    """Block until every component has finished; the job's exit code (the worst component's)."""
+    while True:
+        states = _states(sub.job_id)
+        if states and all(s in FINISHED for s in states):
+            return _exit_code(sub.job_id)
+        if not states:
+            raise LaunchError(f"job {sub.job_id} is no longer known to Slurm; logs in {sub.log_folder}")
+        time.sleep(poll_s)
