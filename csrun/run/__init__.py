@@ -1,0 +1,1 @@
+"""The model-zoo runner: run.py flags, params, loops, checkpoints, summaries, progress."""

@@ -1,0 +1,257 @@
+"""The params YAML of the model zoo, as typed keyword-only dataclasses, one per section.
+
+A params file has the sections ``runconfig``, ``optimizer``, ``model``, ``train_input``,
+``eval_input`` and ``csconfig`` (``--config NAME`` picks one top-level key of a file that
+holds several such sets). ``model`` (and, where a model has processor fields, the inputs)
+are the model's own dataclasses, subclasses of :class:`ModelConfig` and :class:`InputConfig`.
+Unknown keys, wrong types and impossible combinations are :class:`~csrun.typed_config.ConfigError`
+naming the YAML path of the bad key and the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from csrun.compiler.spec import LEGACY_OPTIMIZERS
+from csrun.typed_config import ConfigError, from_mapping
+
+OptimizerType = Literal[
+    "sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "asgd",
+    "lamb", "radam", "nadam", "rmsprop", "rprop",
+]
+if set(OptimizerType.__args__) != set(LEGACY_OPTIMIZERS):  # type: ignore[attr-defined]
+    raise ImportError("csrun.run.params: OptimizerType and compiler.spec.LEGACY_OPTIMIZERS disagree")
+
+
+def doc(default: Any, text: str) -> Any:
+    """A dataclass field with a default and its meaning (shown in error messages)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+def required(text: str) -> Any:
+    """A dataclass field the YAML must give."""
+    return field(metadata={"doc": text})
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """``runconfig``: how long to run, where to write, what to log. Every run.py flag overrides its key."""
+
+    mode: Literal["train", "eval", "train_and_eval"] = doc("train", "what to run (run.py --mode)")
+    max_steps: int | None = doc(None, "stop after this global step; required when neither num_steps nor num_epochs is given")
+    num_steps: int | None = doc(None, "steps to run in this invocation (not with num_epochs)")
+    num_epochs: int | None = doc(None, "epochs to run (not with num_steps)")
+    steps_per_epoch: int | None = doc(None, "steps in an epoch; default: the loader's length")
+    log_steps: int = required("log the loss every this many steps")
+    checkpoint_steps: int = doc(0, "save a checkpoint every this many steps (0: only at the end)")
+    save_losses: bool = doc(False, "write every step's loss to model_dir/losses/")
+    save_initial_checkpoint: bool = doc(False, "save checkpoint_0.mdl before the first step")
+    check_loss_values: bool = doc(True, "stop with 'NaN loss detected.' / 'inf loss detected.'")
+    seed: int | None = doc(None, "seed for torch, numpy and Python's random")
+    eval_steps: int | None = doc(None, "eval batches to run (default: one pass over the eval data)")
+    model_dir: str = doc("", "output folder (default: <run.py dir>/model_dir)")
+    cs_ip: str | None = doc(None, "system address HOST[:PORT] (port 9000 when none), or 'embedded'")
+    cpu: bool = doc(False, "force the CPU path even when cs_ip is set")
+    compile_only: bool = doc(False, "full compile, no run")
+    validate_only: bool = doc(False, "compile only up to graph/kernel matching")
+    checkpoint_path: str | None = doc(None, "checkpoint to load")
+    is_pretrained_checkpoint: bool = doc(False, "load checkpoint_path as pretrained: step 0, non-strict, no optimizer state")
+    resume: bool = doc(False, "continue from the latest valid checkpoint in model_dir")
+    logging: str = doc("INFO", "chief log level")
+    streamer_logging: str = doc("ERROR", "streamer log level")
+    compile_dir: str | None = doc(None, "compile output folder (default: model_dir/cs_<hash>)")
+    execution_strategy: Literal["pipeline"] = doc("pipeline", "pipelined mode (the only one here)")
+
+    def check(self) -> None:
+        """Refuse impossible combinations, naming the keys."""
+        if self.num_steps is not None and self.num_epochs is not None:
+            raise ConfigError("runconfig: give one of num_steps and num_epochs, not both")
+        if self.max_steps is None and self.num_steps is None and self.num_epochs is None and self.mode != "eval":
+            raise ConfigError("runconfig.max_steps: required when neither num_steps nor num_epochs is given")
+        if self.compile_only and self.validate_only:
+            raise ConfigError("Please set one of compile_only and validate_only")
+        if self.is_pretrained_checkpoint and not self.checkpoint_path:
+            raise ConfigError("runconfig.is_pretrained_checkpoint: needs runconfig.checkpoint_path (--checkpoint_path)")
+        for name in ("max_steps", "num_steps", "num_epochs", "steps_per_epoch", "log_steps", "eval_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"runconfig.{name}: {value} must be at least 1")
+        if self.checkpoint_steps < 0:
+            raise ConfigError(f"runconfig.checkpoint_steps: {self.checkpoint_steps} must be 0 (end only) or more")
+        for name in ("logging", "streamer_logging"):
+            if self.__dict__[name].upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+                raise ConfigError(f"runconfig.{name}: {self.__dict__[name]!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """``optimizer``: the optimizer, its schedule, loss scaling and clipping (run on the device)."""
+
+    optimizer_type: OptimizerType = required("one of " + ", ".join(LEGACY_OPTIMIZERS) + " (any case)")
+    learning_rate: float | dict[str, Any] | list[dict[str, Any]] = required("a number, a {scheduler: ...} mapping, or a list of them")
+    momentum: float = doc(0.0, "SGD / RMSprop momentum")
+    nesterov: bool = doc(False, "SGD Nesterov momentum")
+    weight_decay_rate: float = doc(0.0, "weight decay")
+    beta1: float = doc(0.9, "Adam-family first-moment decay")
+    beta2: float = doc(0.999, "Adam-family second-moment decay")
+    eps: float = doc(1e-8, "the optimizer's epsilon")
+    correct_bias: bool = doc(True, "Adam/AdamW/LAMB bias correction")
+    exclude_from_weight_decay: list[str] = doc([], "parameter-name substrings that get no weight decay (e.g. bias, LayerNorm)")
+    rho: float = doc(0.9, "Adadelta decay")
+    alpha: float = doc(0.99, "RMSprop smoothing")
+    centered: bool = doc(False, "RMSprop centered")
+    initial_accumulator_value: float = doc(0.0, "Adagrad initial accumulator")
+    loss_scaling_factor: float | Literal["dynamic"] = doc(1.0, "a number, or 'dynamic'")
+    initial_loss_scale: float = doc(2.0**15, "dynamic scaling: the first scale")
+    steps_per_increase: int = doc(2000, "dynamic scaling: good steps before the scale doubles")
+    min_loss_scale: float = doc(1.0, "dynamic scaling: lower bound")
+    max_loss_scale: float = doc(2.0**24, "dynamic scaling: upper bound")
+    max_gradient_norm: float | None = doc(None, "clip the global gradient norm to this")
+    max_gradient_value: float | None = doc(None, "clip every gradient element to +-this")
+    grad_accum_steps: int = doc(1, "gradient accumulation (CPU only; refused on the system)")
+
+    def check(self) -> None:
+        """Refuse impossible values, naming the keys."""
+        if self.max_gradient_norm is not None and self.max_gradient_value is not None:
+            raise ConfigError("optimizer: give one of max_gradient_norm and max_gradient_value, not both")
+        if self.grad_accum_steps < 1:
+            raise ConfigError(f"optimizer.grad_accum_steps: {self.grad_accum_steps} must be at least 1")
+        if not 0 < self.min_loss_scale <= self.initial_loss_scale <= self.max_loss_scale:
+            raise ConfigError("optimizer: need 0 < min_loss_scale <= initial_loss_scale <= max_loss_scale")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """``model``: fields every model has; each model subclasses it with its own."""
+
+    mixed_precision: bool = required("fp32 weights with fp16/bf16/cbfloat16 compute (mandatory on the system)")
+    fp16_type: Literal["float16", "bfloat16", "cbfloat16", "float32"] = doc("float16", "compute dtype under mixed_precision (float32: exactness checks)")
+
+
+@dataclass(kw_only=True)
+class InputConfig:
+    """``train_input`` / ``eval_input``: the input pipeline; models subclass it with processor fields."""
+
+    data_dir: str = doc("", "where the data is ('' for bundled or synthetic data)")
+    batch_size: int = required("samples per batch (per step, over all streamers)")
+    shuffle: bool = doc(True, "shuffle the samples every epoch")
+    shuffle_seed: int = doc(0, "seed of the shuffle")
+    drop_last_batch: bool = doc(True, "drop a short last batch (the system needs static shapes)")
+    num_workers: int = doc(0, "DataLoader worker processes per streamer")
+    prefetch_factor: int | None = doc(None, "batches each worker prefetches; also the stream's ring size")
+    persistent_workers: bool = doc(False, "keep DataLoader workers between epochs")
+
+    def check(self, path: str) -> None:
+        """Refuse impossible values, naming the keys under ``path``."""
+        if self.batch_size < 1:
+            raise ConfigError(f"{path}.batch_size: {self.batch_size} must be at least 1")
+        if self.num_workers < 0:
+            raise ConfigError(f"{path}.num_workers: {self.num_workers} must be 0 or more")
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            raise ConfigError(f"{path}.prefetch_factor: needs num_workers > 0 (torch's DataLoader rule)")
+
+
+@dataclass(kw_only=True)
+class CSConfig:
+    """``csconfig``: settings of the system."""
+
+    use_cbfloat16: bool = doc(False, "compute in cbfloat16 (6-bit exponent, 9-bit mantissa)")
+    queue_depth: int = doc(2, "steps the chief may run ahead of the device")
+
+
+@dataclass(kw_only=True)
+class Params:
+    """A whole params file."""
+
+    runconfig: RunConfig
+    optimizer: OptimizerConfig | None
+    model: ModelConfig
+    train_input: InputConfig | None
+    eval_input: InputConfig | None
+    csconfig: CSConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, as written to params_<mode>.yaml."""
+        return dataclasses.asdict(self)
+
+
+SECTIONS = ("runconfig", "optimizer", "model", "train_input", "eval_input", "csconfig")
+
+
+def read_yaml(path: Path, config: str | None = None) -> dict[str, Any]:
+    """The mapping in ``path`` (``config``: one top-level key of it)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--params {path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping of sections ({', '.join(SECTIONS)})")
+    if config is not None:
+        if config not in data:
+            raise ConfigError(f"--config {config!r}: not a top-level key of {path} (there: {', '.join(map(str, data))})")
+        data = data[config]
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: {config} must be a mapping of sections")
+    return data
+
+
+def params_from_dict(
+    data: dict[str, Any],
+    *,
+    model_config: type[ModelConfig] = ModelConfig,
+    input_config: type[InputConfig] = InputConfig,
+) -> Params:
+    """Typed, checked params from a YAML mapping."""
+    unknown = [k for k in data if k not in SECTIONS]
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section; valid sections: {', '.join(SECTIONS)}")
+    if "runconfig" not in data:
+        raise ConfigError("runconfig: required section missing")
+    if "model" not in data:
+        raise ConfigError("model: required section missing")
+
+    def section(name: str, cls: type) -> Any:
+        raw = data.get(name)
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{name}: must be a mapping")
+        return from_mapping(cls, raw, name)
+
+    params = Params(
+        runconfig=section("runconfig", RunConfig),
+        optimizer=section("optimizer", OptimizerConfig),
+        model=section("model", model_config),
+        train_input=section("train_input", input_config),
+        eval_input=section("eval_input", input_config),
+        csconfig=section("csconfig", CSConfig) or CSConfig(),
+    )
+    check_params(params)
+    return params
+
+
+def check_params(params: Params) -> None:
+    """Every cross-key rule; call again after CLI overrides."""
+    params.runconfig.check()
+    if params.optimizer is not None:
+        params.optimizer.check()
+    mode = params.runconfig.mode
+    if mode in ("train", "train_and_eval"):
+        if params.optimizer is None:
+            raise ConfigError("optimizer: required section missing for --mode train")
+        if params.train_input is None:
+            raise ConfigError("train_input: required section missing for --mode train")
+        params.train_input.check("train_input")
+    if mode in ("eval", "train_and_eval"):
+        if params.eval_input is None:
+            raise ConfigError(f"eval_input: required section missing for --mode {mode}")
+        params.eval_input.check("eval_input")

@@ -1,0 +1,61 @@
+"""fc_mnist: the legacy fully-connected digits classifier (depth x hidden_size, dropout, activation).
+
+``forward(batch)`` takes ``(images, labels)`` and returns ``{"loss", "correct"}``: the mean
+cross-entropy (what is trained) and the number of right answers in the batch (an eval
+metric that stays a scalar on the device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from csrun.run.params import InputConfig, ModelConfig, doc
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+
+
+@dataclass(kw_only=True)
+class FcMnistConfig(ModelConfig):
+    """``model`` for fc_mnist."""
+
+    depth: int = doc(10, "hidden layers")
+    hidden_size: int = doc(50, "units per hidden layer")
+    dropout: float = doc(0.0, "dropout after every hidden layer")
+    activation_fn: Literal["relu", "gelu", "tanh", "sigmoid"] = doc("relu", "activation of the hidden layers")
+    input_size: int = doc(64, "pixels per image (8x8 digits: 64; MNIST: 784)")
+    num_classes: int = doc(10, "output classes")
+
+
+@dataclass(kw_only=True)
+class FcMnistInputConfig(InputConfig):
+    """``train_input`` / ``eval_input`` for fc_mnist."""
+
+    data_source: Literal["digits", "synthetic"] = doc("digits", "the bundled handwritten digits, or seeded random data")
+    synthetic_samples: int = doc(4096, "samples in the synthetic data set")
+
+
+class FcMnist(nn.Module):
+    """depth Linear+activation(+dropout) layers, then a Linear to the classes."""
+
+    def __init__(self, cfg: FcMnistConfig) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = cfg.input_size
+        for _ in range(cfg.depth):
+            layers += [nn.Linear(width, cfg.hidden_size), ACTIVATIONS[cfg.activation_fn]()]
+            if cfg.dropout > 0:
+                layers.append(nn.Dropout(cfg.dropout))
+            width = cfg.hidden_size
+        layers.append(nn.Linear(width, cfg.num_classes))
+        self.net = nn.Sequential(*layers)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Loss and number of correct predictions for one batch."""
+        images, labels = batch
+        logits = self.net(images)
+        return {"loss": self.loss_fn(logits, labels), "correct": (logits.argmax(dim=-1) == labels).sum()}
