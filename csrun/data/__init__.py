@@ -1,0 +1,41 @@
+"""csrun.data: the input-pipeline room — HDF5 processors, the text→HDF5 converter, fc_mnist's digits.
+
+What an input function uses:
+
+* :class:`HDF5InputConfig` (``from_params(params["train_input"])``) and
+  :func:`hdf5_dataloader` ``(config, shard_index=task_id(), num_shards=num_tasks())``;
+* :class:`HDF5ShardDataset` — iterable, shards itself (seeded per-epoch shuffle, equal
+  shards, exact resume with ``skip_batches``); :class:`HDF5Dataset` — map-style, every sample;
+* :func:`load_digits`, :func:`split_digits`, :func:`synthetic_digits`, :func:`digits_dataset`;
+* :func:`epoch_order` and :class:`ShardLayout`, the pure functions behind the order and split.
+
+The converter is ``cs_convert_hdf5`` (:mod:`csrun.cli.cs_convert_hdf5`; the work is in
+:mod:`csrun.data.convert`). Formats and ``metadata.json``: :mod:`csrun.data.formats`. Errors are
+:class:`DataError` (a :class:`csrun.errors.UserError`). This package imports nothing else from
+csrun but :mod:`csrun.errors` (and ``csrun.__version__``, recorded in metadata).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "HDF5InputConfig": "config", "DigitsSplit": "digits", "digits_dataset": "digits",
+    "load_digits": "digits", "split_digits": "digits", "synthetic_digits": "digits",
+    "DataError": "errors", "DatasetMetadata": "formats", "read_metadata": "formats",
+    "HDF5Dataset": "hdf5_dataset", "HDF5ShardDataset": "hdf5_dataset", "hdf5_dataloader": "loader",
+    "ShardLayout": "order", "epoch_order": "order",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use, so the converter does not pay for importing torch."""
+    if name in _WHERE:
+        return getattr(import_module(f"csrun.data.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'csrun.data' has no attribute {name!r}")
+
+
+__all__ = ["DataError", "DatasetMetadata", "DigitsSplit", "HDF5Dataset", "HDF5InputConfig",
+           "HDF5ShardDataset", "ShardLayout", "digits_dataset", "epoch_order", "hdf5_dataloader",
+           "load_digits", "read_metadata", "split_digits", "synthetic_digits"]
