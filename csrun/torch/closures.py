@@ -1,0 +1,46 @@
+"""Step closures: code that runs when the device has produced a step's values.
+
+``add_step_closure(fn, args=(), run_async=False)`` queues ``fn(*args)`` to run at the end
+of the current step; ``@step_closure`` turns a function into one that queues itself when
+called. The step boundary is the chief's dataloader being asked for its next batch, the end
+of the loop, or the end of the session; closures of one step run in the order they were
+added, before the next batch is fetched. On the CPU they run inline; on a device the
+backend first turns device tensors in ``args`` into CPU tensors (reading a device tensor
+anywhere else is an error on the system).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+from csrun.torch.backend import StepClosure
+from csrun.torch.state import state
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def add_step_closure(fn: Callable[..., Any], args: tuple = (), run_async: bool = False) -> None:
+    """Run ``fn(*args)`` at the end of the current step, after the closures added before it."""
+    if not callable(fn):
+        from csrun.errors import UserError
+
+        raise UserError(f"add_step_closure needs a callable, got {type(fn).__name__} {fn!r}")
+    state().closures.append(StepClosure(fn=fn, args=tuple(args), run_async=run_async))
+
+
+def step_closure(fn: F) -> F:
+    """Decorator: calling the function queues it as a step closure with the call's arguments."""
+
+    @functools.wraps(fn)
+    def queue(*args: Any, **kwargs: Any) -> None:
+        state().closures.append(StepClosure(fn=fn, args=args, kwargs=kwargs))
+
+    return queue  # type: ignore[return-value]
+
+
+def end_step() -> None:
+    """Hand the queued closures to the backend (the step boundary)."""
+    st = state()
+    closures, st.closures = st.closures, []
+    st.backend.end_step(closures)

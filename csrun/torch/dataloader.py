@@ -1,0 +1,203 @@
+"""``cbtorch.dataloader(loader)``: the user's DataLoader, sharded on streamers, streamed to the chief.
+
+The same call runs on every task. It checks the loader against the system's rules and
+builds this task's shard (see :mod:`csrun.torch.sharding`). Then:
+
+* on a streamer, the shard is what :class:`~csrun.torch.session.Session` streams;
+* on the chief with streamers, iterating yields the batches received from them, in the
+  fixed round-robin order, one epoch per ``for`` loop (a loop left with ``break`` is
+  continued by the next one); only inside a Session;
+* on a lone chief, iterating yields the local loader's batches, through the same checks
+  and dtype rules as a stream.
+
+``len()`` is the number of batches per epoch over all streamers; :meth:`StreamingDataLoader.skip`
+starts the sequence at a global batch (exact resume). Every ``next()`` is a step boundary:
+the previous step's closures run first. The chief's time waiting for input and time in
+steps are counted in :attr:`StreamingDataLoader.stats`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader
+
+from csrun.errors import UserError
+from csrun.stream.local import LocalStream
+from csrun.stream.source import EPOCH_END
+from csrun.stream.stats import ChiefStats
+from csrun.torch.closures import end_step
+from csrun.torch.sharding import DataLoaderError, ShardPlan, ShardSampler, plan_shard, shard_loader
+from csrun.torch.state import state
+
+DEFAULT_PREFETCH = 4
+"""Batches in flight per streamer when the loader sets no ``prefetch_factor``."""
+
+
+class LoaderSource:
+    """This task's shard as a :class:`~csrun.stream.source.BatchSource` (epoch after epoch)."""
+
+    def __init__(self, loader: DataLoader, sampler: ShardSampler | None, plan: ShardPlan) -> None:
+        self._loader, self._sampler, self._plan = loader, sampler, plan
+
+    def batches_per_epoch(self) -> int | None:
+        """Batches per epoch of this shard (None for iterable datasets)."""
+        return self._plan.batches_per_epoch
+
+    def stream(self, skip: int) -> Iterator[Any]:
+        """Batches epoch after epoch with EPOCH_END between; the first ``skip`` left out."""
+        per_epoch = self._plan.batches_per_epoch
+        if self._sampler is not None and per_epoch:
+            epochs, within = divmod(skip, per_epoch)
+            for _ in range(epochs):  # replay skipped epochs without loading a sample
+                self._sampler.skip = len(self._sampler)
+                for _ in self._loader:
+                    pass
+            self._sampler.skip = within * self._plan.batch_size
+            while True:
+                yield from self._loader
+                yield EPOCH_END
+        skipped = 0
+        while True:
+            seen = emitted = 0
+            for batch in self._loader:
+                seen += 1
+                if skipped < skip:
+                    skipped += 1
+                    continue
+                emitted += 1
+                yield batch
+            if emitted or not seen:
+                yield EPOCH_END
+
+
+class StreamingDataLoader:
+    """The wrapped loader ``cbtorch.dataloader()`` returns (see the module manual)."""
+
+    def __init__(self, loader: DataLoader, *, prefetch: int | None = None) -> None:
+        info = state().info
+        num_shards = max(info.num_streamers, 1)
+        shard = max(info.streaming_rank, 0)
+        self.plan = plan_shard(loader, shard, num_shards)
+        self.loader = loader
+        """The user's loader, as given."""
+        self.shard_loader, self._sampler = shard_loader(loader, self.plan)
+        if prefetch is None:
+            prefetch = getattr(loader, "prefetch_factor", None) or DEFAULT_PREFETCH
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise DataLoaderError(f"prefetch must be a positive number of batches, got {prefetch!r}")
+        self.prefetch = prefetch
+        """Batches in flight per streamer (the chief's receive ring)."""
+        self.stats = ChiefStats()
+        """The chief's input-wait and step times."""
+        self._skip = 0
+        self._stream: Any = None
+        self._in_step = False
+        self._last_return: float | None = None
+
+    @property
+    def dataset(self) -> Any:
+        """The user's dataset."""
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch."""
+        return self.plan.batch_size
+
+    def __len__(self) -> int:
+        per_epoch = self.plan.batches_per_epoch
+        if per_epoch is None:
+            raise TypeError("this dataloader streams an IterableDataset and has no length")
+        return per_epoch * self.plan.num_shards
+
+    def skip(self, n: int) -> None:
+        """Start the sequence at global batch ``n`` (0-based) instead of 0; call before the first batch."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise DataLoaderError(f"skip() needs a batch count >= 0, got {n!r}")
+        if self._stream is not None:
+            raise DataLoaderError("skip() must be called before the first batch is taken")
+        self._skip = n
+
+    def source(self) -> LoaderSource:
+        """This task's shard as a stream source."""
+        return LoaderSource(self.shard_loader, self._sampler, self.plan)
+
+    def __iter__(self) -> Iterator[Any]:
+        return _Epoch(self)
+
+    # -- used by Session ------------------------------------------------------------------
+
+    def _attach(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _finish(self, run_closures: bool = True) -> list:
+        """End the step in flight (its closures run unless told not to), stop the stream.
+
+        Returns the streamers' statistics.
+        """
+        st = state()
+        stream, self._stream = self._stream, None
+        try:
+            if run_closures and (self._in_step or st.closures):
+                self._in_step = False
+                end_step()
+        finally:  # a failing closure still stops the streamers
+            self._in_step = False
+            st.closures.clear()
+            streamers = stream.stop() if stream is not None else []
+        return streamers
+
+    def _next(self) -> Any:
+        st = state()
+        if self._in_step:
+            self._in_step = False
+            end_step()
+        if self._stream is None:
+            if st.streaming:
+                raise UserError("iterate the dataloader inside `with cbtorch.Session(dataloader):` "
+                                "(its batches come from the streamers)")
+            self._stream = LocalStream(self.source(), skip=self._skip)
+        t0 = time.perf_counter()
+        if self._last_return is not None:
+            self.stats.step_s += t0 - self._last_return
+        item = self._stream.next()
+        t1 = time.perf_counter()
+        self.stats.input_wait_s += t1 - t0
+        if item is EPOCH_END:
+            self._last_return = None
+            return item
+        self.stats.batches += 1
+        self._in_step = True
+        self._last_return = t1
+        return st.backend.prepare_batch(item)
+
+
+class _Epoch:
+    """One ``for`` loop over the dataloader: up to the next epoch end."""
+
+    def __init__(self, loader: StreamingDataLoader) -> None:
+        self._loader = loader
+        self._done = False
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        item = self._loader._next()
+        if item is EPOCH_END:
+            self._done = True
+            raise StopIteration
+        return item
+
+
+def dataloader(loader: DataLoader, *, prefetch: int | None = None) -> StreamingDataLoader:
+    """Wrap ``loader`` for streaming: shard it on streamers, receive it on the chief.
+
+    ``prefetch`` is the number of batches in flight per streamer (default: the loader's
+    ``prefetch_factor``, else 4).
+    """
+    return StreamingDataLoader(loader, prefetch=prefetch)

@@ -1,0 +1,128 @@
+"""``with cbtorch.Session(dataloader, mode="train"):`` — where the run happens.
+
+On a **streamer**, entering the session streams this task's shard to the chief, epoch after
+epoch, until the chief says stop; then the process leaves with exit status 0
+(``sys.exit(0)``, after MPI is finalized): the body never runs on a streamer and neither
+does anything after it in the script.
+
+On the **chief**, entering starts the stream (the receive ring, see
+:mod:`csrun.stream.receiver`) and the backend's session; iterating the dataloader in the
+body yields the batches. Leaving runs the last step's closures, stops the streamers,
+collects their statistics into :attr:`Session.stats` (a
+:class:`~csrun.stream.stats.StreamStats`, for ``performance.json``) and prints the input
+table with the input-bound verdict on stderr. Only one session per run can stream: the
+streamers are gone after it.
+
+Failures end the whole job, never hang it: a :class:`~csrun.stream.errors.StreamError`
+(a streamer failed, died or went silent) is printed as ``csrun: error: ...`` and the job is
+aborted (``MPI.COMM_WORLD.Abort(1)``). Any other exception in the chief's body stops the
+streamers (bounded wait) and propagates; if they cannot be stopped the job is aborted.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Any
+
+from csrun.errors import UserError
+from csrun.stream.errors import StreamError
+from csrun.stream.receiver import Receiver
+from csrun.stream.sender import run_streamer
+from csrun.stream.stats import StreamStats, print_report
+from csrun.torch.dataloader import StreamingDataLoader
+from csrun.torch.state import comm, state
+
+MODES = ("train", "eval")
+
+_STOP_AFTER_FAILURE_S = 10.0
+
+
+class SessionError(UserError):
+    """A Session used in a way the system did not allow."""
+
+
+def abort_job(message: str) -> None:
+    """Print ``csrun: error: message`` on stderr and abort every task of the job (exit status 1)."""
+    sys.stdout.flush()
+    sys.stderr.write(f"csrun: error: {message}\n")
+    sys.stderr.flush()
+    comm().Abort(1)
+
+
+class Session:
+    """The run's context: streams on streamers, trains or evaluates on the chief."""
+
+    def __init__(self, dataloader: StreamingDataLoader, mode: str = "train", *, report: bool = True) -> None:
+        if not isinstance(dataloader, StreamingDataLoader):
+            raise SessionError(f"Session needs the loader returned by cbtorch.dataloader(), got "
+                               f"{type(dataloader).__name__}: wrap it with cbtorch.dataloader(loader)")
+        if mode not in MODES:
+            raise SessionError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.dataloader = dataloader
+        self.mode = mode
+        self.report = report
+        """Print the input table when the session ends."""
+        self.stats: StreamStats | None = None
+        """The input stream's figures, set when the session ends."""
+        self._receiver: Receiver | None = None
+
+    def __enter__(self) -> "Session":
+        st = state()
+        if not st.info.is_chief:
+            self._stream_and_exit()
+        if st.session is not None:
+            raise SessionError("sessions do not nest: leave the current Session first")
+        if st.streaming and st.streamed:
+            raise SessionError("only one Session per run can stream: the streamers exit when the "
+                               "first one ends")
+        st.backend.begin_session(self.mode)
+        if st.streaming:
+            st.streamed = True
+            try:
+                self._receiver = Receiver(comm(), list(range(1, st.info.num_tasks)),
+                                          prefetch=self.dataloader.prefetch, skip=self.dataloader._skip)
+                self._receiver.start()
+            except StreamError as exc:
+                abort_job(str(exc))
+            sys.stderr.write(f"csrun: streaming from {st.info.num_streamers} streamer(s): "
+                             f"{self._receiver.describe()}\n")
+            sys.stderr.flush()
+            self.dataloader._attach(self._receiver)
+        st.session = self
+        return self
+
+    def _stream_and_exit(self) -> None:
+        st = state()
+        st.streamed = True
+        run_streamer(comm(), self.dataloader.source(), node=st.info.node_name)
+        from csrun.stream.wire import mpi
+
+        MPI = mpi()
+        if not MPI.Is_finalized():
+            MPI.Finalize()
+        sys.stdout.flush()
+        sys.exit(0)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        st = state()
+        st.session = None
+        streaming = self._receiver is not None
+        if isinstance(exc, StreamError) and streaming:
+            abort_job(str(exc))
+        if exc is not None and streaming:
+            self._receiver.timeout = min(self._receiver.timeout, _STOP_AFTER_FAILURE_S)
+        streamers: list = []
+        try:
+            streamers = self.dataloader._finish(run_closures=exc is None)
+        except StreamError as stop_exc:
+            if not streaming:
+                raise
+            if exc is not None:
+                traceback.print_exception(exc)
+            abort_job(str(stop_exc))
+        st.backend.end_session(exc is not None)
+        self.stats = StreamStats(chief=self.dataloader.stats, streamers=streamers)
+        if exc is None and self.report:
+            print_report(self.stats)
+        return False

@@ -1,0 +1,140 @@
+"""Sharding a DataLoader across streamers, and the refusals the system made.
+
+Streamer ``k`` of ``S`` takes the samples at positions ``k, k+S, k+2S, ...`` of the loader's
+sampler order (the legacy sampler's rule), batched exactly as the user's loader batches
+them. A lone chief is shard 0 of 1. Refused, with a message naming the value:
+
+* ``drop_last=False`` ("drop_last must be set to True"): the system needs every batch to
+  have the same, static size;
+* a dataset whose sample count cannot be split evenly across the streamers;
+* a shard smaller than one batch;
+* a loader with no automatic batching or with a custom ``batch_sampler``.
+
+Iterable-style datasets are not sharded here: they shard themselves, using
+``cbtorch.task_id()`` and ``cbtorch.num_tasks()`` (the streaming rank and the number of
+streamers), as the legacy HDF5 readers did. Shuffled loaders must draw the same order on
+every task: seed torch identically everywhere (the runner does) or give the loader a
+seeded ``generator``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+
+from csrun.errors import UserError
+
+
+class DataLoaderError(UserError):
+    """A DataLoader the system could not stream (the message names the value and the fix)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardPlan:
+    """How one task's shard of a loader looks."""
+
+    shard: int
+    """This task's shard index (its streaming rank; 0 on a lone chief)."""
+    num_shards: int
+    """Number of shards (streamers; 1 on a lone chief)."""
+    batch_size: int
+    """Samples per batch."""
+    iterable: bool
+    """True for an IterableDataset (the dataset shards itself)."""
+    num_samples: int | None
+    """Samples in one epoch of the whole loader, when known."""
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """Batches per epoch in one shard, when known."""
+        if self.num_samples is None:
+            return None
+        return self.num_samples // self.num_shards // self.batch_size
+
+
+def plan_shard(loader: Any, shard: int, num_shards: int) -> ShardPlan:
+    """Check ``loader`` against the system's rules and describe shard ``shard`` of ``num_shards``."""
+    if not isinstance(loader, DataLoader):
+        raise DataLoaderError(f"cbtorch.dataloader() needs a torch.utils.data.DataLoader, got "
+                              f"{type(loader).__name__}")
+    iterable = isinstance(loader.dataset, IterableDataset)
+    batch_sampler = loader.batch_sampler
+    if loader.batch_size is None and batch_sampler is None:
+        raise DataLoaderError("the DataLoader has batch_size=None (no automatic batching): set a "
+                              "batch_size; the system streams fixed-size batches")
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        raise DataLoaderError(f"the DataLoader has a custom batch_sampler "
+                              f"({type(batch_sampler).__name__}), which cannot be split across "
+                              "streamers: use batch_size, drop_last=True and a sampler instead")
+    batch_size = loader.batch_size if loader.batch_size is not None else batch_sampler.batch_size
+    drop_last = loader.drop_last if loader.batch_size is not None else batch_sampler.drop_last
+    if not drop_last:
+        raise DataLoaderError(f"drop_last must be set to True (got drop_last={drop_last!r}): the "
+                              "system needs every batch to have the same size")
+    num_samples = None
+    if not iterable:
+        sampler = loader.sampler if batch_sampler is None else batch_sampler.sampler
+        num_samples = len(sampler)
+        if num_samples % num_shards:
+            raise DataLoaderError(
+                f"the dataset's {num_samples} samples cannot be split evenly across {num_shards} "
+                f"streamers ({num_samples} % {num_shards} = {num_samples % num_shards}): use a "
+                f"sample count divisible by {num_shards} (e.g. a Subset of "
+                f"{num_samples - num_samples % num_shards}) or another number of streamers")
+        per_shard = num_samples // num_shards
+        if per_shard < batch_size:
+            where = (f"streamer {shard}'s shard holds {per_shard} samples ({num_samples} samples "
+                     f"over {num_shards} streamers)" if num_shards > 1
+                     else f"the dataset holds {per_shard} samples")
+            raise DataLoaderError(f"{where}, fewer than one batch of {batch_size}: use a smaller "
+                                  "batch_size, more data or fewer streamers")
+    return ShardPlan(shard=shard, num_shards=num_shards, batch_size=batch_size, iterable=iterable,
+                     num_samples=num_samples)
+
+
+class ShardSampler(Sampler[int]):
+    """Every ``num_shards``-th index of ``base`` starting at ``shard``; can leave out a prefix.
+
+    :attr:`skip` samples of this shard are left out of the next pass only (then it resets
+    to 0): resuming skips whole batches without loading them.
+    """
+
+    def __init__(self, base: Any, shard: int, num_shards: int) -> None:
+        self.base, self.shard, self.num_shards = base, shard, num_shards
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        position = 0
+        for i, index in enumerate(self.base):
+            if i % self.num_shards == self.shard:
+                if position >= skip:
+                    yield index
+                position += 1
+
+    def __len__(self) -> int:
+        return len(self.base) // self.num_shards
+
+
+_LOADER_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+                   "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
+                   "pin_memory_device", "in_order")
+
+
+def shard_loader(loader: DataLoader, plan: ShardPlan) -> tuple[DataLoader, ShardSampler | None]:
+    """A DataLoader over this task's shard (same options), and its sampler (None for iterable datasets)."""
+    options: dict[str, Any] = {}
+    for name in _LOADER_OPTIONS:
+        if hasattr(loader, name):
+            options[name] = getattr(loader, name)
+    if options.get("num_workers", 0) == 0:
+        options.pop("prefetch_factor", None)
+        options.pop("persistent_workers", None)
+    if plan.iterable:
+        return DataLoader(loader.dataset, batch_size=plan.batch_size, drop_last=True, **options), None
+    base = loader.sampler if loader.batch_size is not None else loader.batch_sampler.sampler
+    sampler = ShardSampler(base, plan.shard, plan.num_shards)
+    return DataLoader(loader.dataset, batch_size=plan.batch_size, sampler=sampler, drop_last=True,
+                      **options), sampler

@@ -1,0 +1,108 @@
+"""Schema, wire encoding and pack/unpack, without MPI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from csrun.stream.errors import BatchError
+from csrun.stream.schema import Schema, pack, unpack
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _nested():
+    return {"ids": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+            "pair": (torch.ones(2, 4), [torch.tensor([True, False]), torch.full((2,), 1.5, dtype=torch.bfloat16)]),
+            "scalar": torch.tensor(7, dtype=torch.int16)}
+
+
+def _roundtrip(schema: Schema, batch):
+    wire = [torch.from_numpy(b.copy()) for b in schema.encode(batch)]
+    return schema.decode(wire)
+
+
+def test_nested_structure_survives_json_and_wire():
+    batch = _nested()
+    schema = Schema.infer(batch)
+    again = Schema.from_json(schema.to_json())
+    assert again == schema
+    assert [l.path for l in schema.leaves] == ["['ids']", "['pair'][0]", "['pair'][1][0]", "['pair'][1][1]",
+                                               "['scalar']"]
+    out = _roundtrip(again, batch)
+    assert isinstance(out, dict) and isinstance(out["pair"], tuple) and isinstance(out["pair"][1], list)
+    for got, want in zip(again.flatten(out), schema.flatten(batch)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_int64_travels_as_int32_and_comes_back_int64():
+    batch = (torch.tensor([[-(2**31), 2**31 - 1]]), torch.zeros(1, 2))
+    schema = Schema.infer(batch)
+    assert (schema.leaves[0].dtype, schema.leaves[0].wire_dtype) == ("int64", "int32")
+    assert schema.leaves[0].nbytes == 8 and schema.nbytes == 16
+    wire = schema.encode(batch)
+    assert wire[0].nbytes == 8
+    out = _roundtrip(schema, batch)
+    assert out[0].dtype == torch.int64 and out[0].tolist() == [[-(2**31), 2**31 - 1]]
+
+
+@pytest.mark.parametrize("bad", [2**31, -(2**31) - 1, 3_000_000_000])
+def test_lossy_int64_is_refused_naming_the_value(bad):
+    batch = {"labels": torch.tensor([1, bad])}
+    schema = Schema.infer(batch)
+    with pytest.raises(BatchError, match=rf"int64 tensor at \['labels'\] holds {bad}, which does not fit int32"):
+        schema.encode(batch)
+
+
+def test_batches_must_match_the_first_one():
+    schema = Schema.infer((torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)))
+    with pytest.raises(BatchError, match=r"at \[0\] is float32\[1, 3\], the first batch had float32\[2, 3\]"):
+        schema.encode((torch.zeros(1, 3), torch.zeros(2, dtype=torch.int64)))
+    with pytest.raises(BatchError, match=r"at \[1\] is int32\[2\], the first batch had int64\[2\]"):
+        schema.encode((torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32)))
+    with pytest.raises(BatchError, match="tuple of 2"):
+        schema.encode([torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)])
+
+
+@pytest.mark.parametrize("batch, message", [
+    ({"name": "x"}, r"leaf at \['name'\] is a str"),
+    ({1: torch.zeros(1)}, "dict key 1"),
+    (np.zeros(2), r"leaf at <batch> is a ndarray"),
+])
+def test_unstreamable_batches_are_refused(batch, message):
+    with pytest.raises(BatchError, match=message):
+        Schema.infer(batch)
+
+
+def test_decode_views_the_buffer_unless_copy():
+    schema = Schema.infer(torch.zeros(2, 2))
+    buf = schema.alloc()
+    view = schema.decode(buf)
+    assert view.untyped_storage().data_ptr() == buf[0].untyped_storage().data_ptr()
+    copy = schema.decode(buf, copy=True)
+    assert copy.untyped_storage().data_ptr() != buf[0].untyped_storage().data_ptr()
+
+
+def test_malformed_schema_json_is_refused():
+    with pytest.raises(BatchError, match="malformed stream schema"):
+        Schema.from_json(b'{"tree": {"leaf": 3}, "leaves": []}')
+    with pytest.raises(BatchError, match="unknown dtype .nope. in a stream schema"):
+        Schema.from_json(json.dumps({"tree": {"leaf": 0}, "leaves": [
+            {"path": "", "dtype": "nope", "wire_dtype": "int32", "shape": [1]}]}).encode())
+
+
+def test_pack_unpack_without_pickle():
+    obj = {"loss": 1.5, "n": 3, "t": torch.arange(4, dtype=torch.int64), "a": np.eye(2), "tag": "x",
+           "nested": (None, [True, torch.tensor(2.0, dtype=torch.bfloat16)])}
+    data = pack(obj)
+    assert b"pickle" not in data and not data.startswith(b"\x80")
+    out = unpack(data)
+    assert out["loss"] == 1.5 and out["n"] == 3 and out["tag"] == "x"
+    assert torch.equal(out["t"], obj["t"]) and np.array_equal(out["a"], obj["a"])
+    assert out["nested"][0] is None and out["nested"][1][0] is True
+    assert out["nested"][1][1].dtype == torch.bfloat16 and float(out["nested"][1][1]) == 2.0
+    with pytest.raises(BatchError, match="cannot pack a object"):
+        pack(object())
