@@ -1,0 +1,39 @@
+"""The compiler: capture, static-graph checks, wafer placement and fit, compile dir and cache.
+
+Entry points (import from here):
+
+- :func:`validate_only`, :func:`compile_only` -> :class:`CompileResult`; :func:`exit_code`;
+- :func:`load_program` (weights-only) -> ``(ExportedProgram, ProgramSpec)``;
+  a saved program's weights are shape-only placeholders: :func:`bind_weights` gives them
+  values (``model.state_dict()`` or a checkpoint's), :func:`has_weight_values` tells;
+- :class:`CompileSettings`, :func:`settings_from_params` (legacy params YAML);
+- :func:`optimizer_spec_from_torch`, :func:`optimizer_spec_from_params`;
+- :func:`check_compile_flags` (``--compile_only`` with ``--validate_only``), :func:`check_batch`,
+  :func:`check_dataloader`;
+- :class:`WaferSpec`, :data:`WSE2`; the errors in :mod:`csrun.compiler.errors`.
+
+Attributes load lazily, so ``import csrun.compiler.spec`` (the emulator's contract) does not
+import torch's exporter.
+"""
+
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "check_batch": "checks", "check_compile_flags": "checks", "check_dataloader": "checks",
+    "CompileError": "errors", "CompileFailed": "errors",
+    "CompileResult": "flow", "compile_only": "flow", "exit_code": "flow", "load_program": "flow", "validate_only": "flow",
+    "learning_rate_from_torch": "optim", "optimizer_spec_from_params": "optim", "optimizer_spec_from_torch": "optim",
+    "CompileSettings": "settings", "settings_from_params": "settings",
+    "LossScalingSpec": "spec", "OptimizerSpec": "spec", "ProgramSpec": "spec", "TensorSpec": "spec",
+    "WSE2": "wafer", "WaferSpec": "wafer", "module_with_weights": "cache.program_io",
+    "bind_weights": "cache.program_io", "has_weight_values": "cache.program_io",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'csrun.compiler' has no attribute {name!r}")
+    return getattr(import_module(f"csrun.compiler.{_WHERE[name]}"), name)

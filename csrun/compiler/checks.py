@@ -1,0 +1,219 @@
+"""Checks that need no graph: optimizer, schedulers, state, precision, data, mode, flags.
+
+Each check returns a list of :class:`~csrun.compiler.errors.CompileError` (empty when fine)
+so a compile can report every problem at once. Locations: a custom class's own source
+line where the problem is in it (e.g. the line of ``step()`` that creates state lazily),
+otherwise the user's line that called into csrun.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any, Iterable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from csrun.compiler.errors import (
+    CompileError, ConflictingCompileFlags, GradAccumNotSupported, LazyOptimizerState,
+    LRSchedulerNotSupported, ShapeChanged, ShortLastBatch, TrainAndEvalNotSupported,
+    WeightsNotFloat32,
+)
+from csrun.compiler.locate import caller_location, is_user_file, location_of
+from csrun.compiler.optim import is_torch_builtin, legacy_type_of, unsupported_optimizer_error
+from csrun.compiler.settings import CompileSettings
+from csrun.compiler.spec import ProgramSpec
+
+
+def check_compile_flags(*, compile_only: bool, validate_only: bool) -> None:
+    """Refuse ``--compile_only`` with ``--validate_only`` (the legacy message)."""
+    if compile_only and validate_only:
+        raise ConflictingCompileFlags("Please set one of compile_only and validate_only")
+
+
+def check_mode(settings: CompileSettings) -> list[CompileError]:
+    """train_and_eval and gradient accumulation are refused on the system."""
+    problems: list[CompileError] = []
+    if settings.mode == "train_and_eval":
+        problems.append(TrainAndEvalNotSupported("Training with Eval on CS is not currently supported.",
+                                                 location=caller_location()))
+    if settings.grad_accum_steps > 1:
+        problems.append(GradAccumNotSupported(
+            f"Gradient Accumulation not supported on CS workflow. (grad_accum_steps={settings.grad_accum_steps})",
+            location=caller_location()))
+    return problems
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer | None) -> list[CompileError]:
+    """The optimizer's type must be one the system has."""
+    if optimizer is None or legacy_type_of(optimizer) is not None:
+        return []
+    return [unsupported_optimizer_error(optimizer)]
+
+
+def has_lr_scheduler(optimizer: torch.optim.Optimizer) -> bool:
+    """True when a torch LRScheduler was built on this optimizer.
+
+    Schedulers wrap ``optimizer.step`` (marked ``_wrapped_by_lr_sched``) and write
+    ``initial_lr`` into every param group; either sign counts.
+    """
+    if getattr(getattr(optimizer, "step", None), "_wrapped_by_lr_sched", False):
+        return True
+    return any("initial_lr" in g for g in optimizer.param_groups)
+
+
+def check_lr_schedulers(optimizer: torch.optim.Optimizer | None, schedulers: Sequence[Any] = ()) -> list[CompileError]:
+    """Torch lr_scheduler objects (passed in, or found attached to the optimizer) are refused."""
+    names = [type(s).__name__ for s in schedulers]
+    if optimizer is not None and not names and has_lr_scheduler(optimizer):
+        names = ["an lr_scheduler"]
+    if not names:
+        return []
+    return [LRSchedulerNotSupported(
+        f"torch lr_scheduler ({', '.join(names)}) attached to the optimizer: the system cannot change "
+        "a Python learning rate between steps", location=caller_location())]
+
+
+class _RecordingState(dict):
+    """A per-parameter state dict that remembers where user code first added a key."""
+
+    def __init__(self, *args: Any, sink: list, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sink = sink
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if key not in self:
+            frame = sys._getframe(1)
+            while frame is not None and not is_user_file(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is not None:
+                self._sink.append((key, location_of(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)))
+            else:
+                self._sink.append((key, None))
+        super().__setitem__(key, value)
+
+
+class _RecordingDefaultDict(dict):
+    def __init__(self, original: dict, sink: list) -> None:
+        super().__init__({k: _RecordingState(v, sink=sink) for k, v in original.items()})
+        self._sink = sink
+
+    def __missing__(self, key: Any) -> _RecordingState:
+        value = _RecordingState(sink=self._sink)
+        dict.__setitem__(self, key, value)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if key not in self:
+            self._sink.append((key, None))
+        super().__setitem__(key, value if isinstance(value, _RecordingState) else _RecordingState(value, sink=self._sink))
+
+
+def check_lazy_state(optimizer: torch.optim.Optimizer | None) -> list[CompileError]:
+    """A custom optimizer must create its state before the first step.
+
+    How: the optimizer is deep-copied (with its parameters), every copied parameter gets a
+    zero gradient, and the copy's ``step()`` runs once with ``optimizer.state`` replaced by
+    dicts that record where a state key is first set. Any key set by that step is state
+    created lazily; the error names the line that created it. The user's optimizer and
+    model are untouched. torch.optim's own classes are skipped: the device preinitializes
+    their state itself (as the system's optimizer wrapper did). A step that fails on zero
+    gradients is not judged here.
+    """
+    if optimizer is None or is_torch_builtin(optimizer):
+        return []
+    try:
+        dry = copy.deepcopy(optimizer)
+    except Exception:
+        return []
+    sink: list = []
+    for group in dry.param_groups:
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    dry.state = _RecordingDefaultDict(dict(dry.state), sink)  # type: ignore[assignment]
+    try:
+        with torch.no_grad():
+            dry.step()
+    except Exception:
+        return []
+    if not sink:
+        return []
+    keys = sorted({str(k) for k, _ in sink if not isinstance(k, torch.Tensor)})
+    loc = next((l for _, l in sink if l is not None), None) or caller_location()
+    return [LazyOptimizerState(
+        f"{type(optimizer).__qualname__}.step() creates optimizer state on its first step"
+        + (f" ({', '.join(keys)})" if keys else "") + "; after construction optimizer.state is empty",
+        location=loc)]
+
+
+def check_precision(model: torch.nn.Module, settings: CompileSettings) -> list[CompileError]:
+    """With mixed precision on, every floating-point weight must be float32."""
+    if not settings.mixed_precision:
+        return []
+    bad = [(n, p.dtype) for n, p in model.named_parameters() if p.is_floating_point() and p.dtype != torch.float32]
+    if not bad:
+        return []
+    listed = ", ".join(f"{n} ({str(d).removeprefix('torch.')})" for n, d in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return [WeightsNotFloat32(f"mixed_precision is on but {len(bad)} weight(s) are not float32: {listed}",
+                              location=caller_location())]
+
+
+def check_dataloader(dataloader: Any) -> list[CompileError]:
+    """A dataloader must not produce a short last batch: ``drop_last`` must be True.
+
+    Any ``drop_last=False`` is refused (sharding across streamers can make a short batch
+    even when the length divides evenly); the message says whether it divides evenly.
+    """
+    if dataloader is None:
+        return []
+    batch_size = getattr(dataloader, "batch_size", None)
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if batch_size is None and batch_sampler is not None:
+        # a user batch_sampler decides; an unknown one (no drop_last attribute) is not judged
+        drop_last = getattr(batch_sampler, "drop_last", None)
+        batch_size = getattr(batch_sampler, "batch_size", None)
+    elif batch_size is None:
+        return []  # no automatic batching: every item is one fixed-size batch
+    else:
+        drop_last = getattr(dataloader, "drop_last", None)
+    if drop_last is None or drop_last:
+        return []
+    detail = ""
+    try:
+        n = len(dataloader.dataset)
+        if batch_size:
+            rem = n % batch_size
+            detail = (f": len(dataset)={n} with batch_size={batch_size} leaves a last batch of {rem}" if rem
+                      else f" (len(dataset)={n} divides by batch_size={batch_size} now, but shards or a changed dataset may not)")
+    except TypeError:
+        pass
+    return [ShortLastBatch(f"the dataloader has drop_last=False{detail}", location=caller_location())]
+
+
+def check_batch(batch: Any, spec: ProgramSpec) -> None:
+    """Raise :class:`ShapeChanged` when a batch does not match the captured input schema."""
+    leaves_with_path, treespec = pytree.tree_flatten_with_path(batch)
+    if pytree.treespec_dumps(treespec) != spec.input_tree:
+        raise ShapeChanged("the batch's structure (keys/nesting) differs from the first batch's", location=caller_location())
+    diffs = []
+    for (path, leaf), want in zip(leaves_with_path, spec.inputs):
+        got_shape = tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else None
+        got_dtype = str(leaf.dtype).removeprefix("torch.") if isinstance(leaf, torch.Tensor) else type(leaf).__name__
+        if got_shape != tuple(want.shape) or got_dtype != want.dtype:
+            diffs.append(f"{want.path}: captured {want.dtype}{list(want.shape)}, got {got_dtype}{list(got_shape or [])}")
+    if diffs:
+        raise ShapeChanged("a batch's shapes differ from the captured ones: " + "; ".join(diffs), location=caller_location())
+
+
+def run_checks(*, model: torch.nn.Module, settings: CompileSettings, optimizer: torch.optim.Optimizer | None = None,
+               lr_schedulers: Iterable[Any] = (), dataloader: Any = None) -> list[CompileError]:
+    """All graph-free checks, every problem collected."""
+    problems = check_mode(settings)
+    if settings.program_mode == "train":
+        problems += check_optimizer(optimizer)
+        problems += check_lr_schedulers(optimizer, list(lr_schedulers))
+        problems += check_lazy_state(optimizer)
+    problems += check_precision(model, settings)
+    problems += check_dataloader(dataloader)
+    return problems

@@ -1,0 +1,202 @@
+"""The compiler's errors: each names the user's file and line and says what the system needs.
+
+Every problem the compiler finds is a :class:`CompileError` (a :class:`csrun.errors.UserError`
+with exit code 1). Checks collect problems instead of stopping at the first; the compile
+then raises one :class:`CompileFailed` that lists them all. The wording follows the
+legacy system's tracing limits (shared/seeds/002: static graph, no tensor-to-scalar reads,
+stateful tensors initialised before tracing, schedules as functions of the global step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from csrun.errors import UsageError, UserError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Location:
+    """Where in the user's code a problem is: file, line, function and the source line."""
+
+    filename: str
+    """Absolute path of the user's file."""
+    lineno: int
+    """1-based line number."""
+    function: str = ""
+    """The function (frame) name, e.g. ``forward``."""
+    source_line: str = ""
+    """The stripped text of that line (from linecache), empty when unknown."""
+
+    def __str__(self) -> str:
+        head = f'File "{self.filename}", line {self.lineno}'
+        if self.function:
+            head += f", in {self.function}"
+        if self.source_line:
+            head += f"\n    {self.source_line}"
+        return head
+
+
+class CompileError(UserError):
+    """A problem in the user's model, optimizer, data or settings that stops a compile."""
+
+    exit_code = 1
+    fix: str = ""
+    """What the system needs instead (each subclass has a default)."""
+
+    def __init__(self, what: str, *, fix: str | None = None, location: Location | None = None) -> None:
+        self.what = what
+        self.fix = fix if fix is not None else type(self).fix
+        self.location = location
+        super().__init__(self.render())
+
+    @property
+    def filename(self) -> str | None:
+        """The user's file, or None when the problem has no source line (a config value)."""
+        return self.location.filename if self.location else None
+
+    @property
+    def lineno(self) -> int | None:
+        """The line in :attr:`filename`, or None."""
+        return self.location.lineno if self.location else None
+
+    def render(self) -> str:
+        """The full message: location, what is wrong, and the fix."""
+        parts = []
+        if self.location is not None:
+            parts.append(str(self.location))
+        parts.append(self.what)
+        if self.fix:
+            parts.append(f"Fix: {self.fix}")
+        return "\n".join(parts)
+
+
+class DataDependentControlFlow(CompileError):
+    """Python ``if``/``while``/``for`` that depends on a tensor's value inside the step."""
+
+    fix = ("the system captures one static graph on the first step, so Python control flow "
+           "cannot depend on tensor values; use tensor operations instead, e.g. "
+           "torch.where(cond, a, b) for an if, a fixed trip count for a loop")
+
+
+class TensorToScalar(CompileError):
+    """Reading a tensor's value inside the step: ``.item()``, ``float(t)``, ``print(t)``, ``assert``..."""
+
+    fix = ("tensor values are not known while the step is traced; keep them as tensors inside "
+           "the step and read them in a step closure (cm.add_step_closure / @cm.step_closure), "
+           "which runs when the device has produced the values")
+
+
+class ShapeChanged(CompileError):
+    """A batch whose structure, shapes or dtypes differ from the captured input schema."""
+
+    fix = ("every batch must have the shapes and dtypes of the first one (the system compiles "
+           "static shapes): pad to a fixed length and set drop_last=True")
+
+
+class ShortLastBatch(CompileError):
+    """A dataloader that can produce a smaller last batch (``drop_last=False``)."""
+
+    fix = "drop_last must be set to True (sizes must be static on the system)"
+
+
+class UnsupportedOptimizer(CompileError):
+    """An optimizer the system does not have."""
+
+
+class LRSchedulerNotSupported(CompileError):
+    """A torch ``lr_scheduler`` attached to the optimizer."""
+
+    fix = ("give the schedule as a function of the global step in the params "
+           "(optimizer.learning_rate: a number, {scheduler: Linear, ...} or a list of them) "
+           "and remove the torch lr_scheduler; the device evaluates it every step")
+
+
+class GradAccumNotSupported(CompileError):
+    """``grad_accum_steps`` > 1."""
+
+    fix = "set grad_accum_steps to 1 (or remove it) and raise batch_size instead"
+
+
+class TrainAndEvalNotSupported(CompileError):
+    """``--mode train_and_eval`` on the system."""
+
+    fix = "run --mode train, then --mode eval with the checkpoint"
+
+
+class LazyOptimizerState(CompileError):
+    """A custom optimizer that creates state tensors on its first step."""
+
+    fix = ("create every optimizer state tensor before tracing, in the optimizer's __init__ "
+           "(e.g. self.state[p]['momentum'] = torch.zeros_like(p) for each parameter); state "
+           "created inside step() has no identity on the device and would restart at zero "
+           "every step")
+
+
+class WeightsNotFloat32(CompileError):
+    """Model weights that are not float32 while mixed precision is on."""
+
+    fix = ("keep the weights float32 (e.g. model.float()); with mixed_precision the system "
+           "stores float32 weights and casts the compute to float16/cbfloat16 itself")
+
+
+class UnsupportedOutput(CompileError):
+    """A forward that does not return the loss (a tensor, or a dict with key ``"loss"``)."""
+
+    fix = ("make forward(batch) return the scalar loss tensor, or a dict with key 'loss' "
+           "(plus any other tensor outputs)")
+
+
+class BadBatch(CompileError):
+    """A batch that is not a tensor or a nested dict/tuple/list of tensors."""
+
+    fix = "pass a tensor, or a dict/tuple/list (nested as you like) whose leaves are tensors"
+
+
+class ConfigError(CompileError):
+    """A bad key or value in the params (optimizer section, precision, loss scaling)."""
+
+
+class CaptureFailed(CompileError):
+    """``torch.export`` could not capture the step for a reason not covered by another check."""
+
+    fix = ("make the step a pure tensor program: no Python decisions on tensor values, no "
+           "reads of tensor values, no data-dependent shapes")
+
+
+class ModelDoesNotFit(CompileError):
+    """Weights, optimizer state and in-flight activations need more SRAM than the wafer has."""
+
+    fix = ("make the model smaller (fewer/narrower layers), use a smaller batch or sequence "
+           "length, or an optimizer with less state (e.g. sgd instead of adam)")
+
+
+class UnsafeProgram(CompileError):
+    """A program archive that would need more than weights-only unpickling, or was altered."""
+
+    fix = "recompile the model (delete the compile directory); never load programs from untrusted places"
+
+
+class CompileFailed(CompileError):
+    """Several problems found in one pass; :attr:`problems` lists each one."""
+
+    def __init__(self, problems: Sequence[CompileError]) -> None:
+        self.problems: list[CompileError] = list(problems)
+        n = len(self.problems)
+        what = f"{n} problem{'s' if n != 1 else ''} stop the compile:\n\n" + "\n\n".join(
+            f"[{i}] {type(p).__name__}: " + p.render().replace("\n", "\n    ")
+            for i, p in enumerate(self.problems, 1))
+        super().__init__(what, fix="")
+
+
+class ConflictingCompileFlags(UsageError):
+    """``--compile_only`` and ``--validate_only`` given together."""
+
+
+def raise_all(problems: Sequence[CompileError]) -> None:
+    """Raise nothing for no problems, the problem itself for one, :class:`CompileFailed` for several."""
+    if not problems:
+        return
+    if len(problems) == 1:
+        raise problems[0]
+    raise CompileFailed(problems)

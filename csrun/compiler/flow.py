@@ -1,0 +1,292 @@
+"""The compiler's entry points: validate_only, compile_only, load_program, exit codes.
+
+``validate_only`` captures the step and runs every check (no placement, nothing written).
+``compile_only`` does that, then places the program on the wafer model, and writes (or
+reuses) ``cs_<hash>/``. Both return a :class:`CompileResult`; neither raises for the user's
+problems (they are in ``result.problems``; ``result.raise_for_problems()`` raises them as one
+error). The same call serves the first step of a real run: ``result.exported_program()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping
+
+import torch
+from rich.console import Console
+
+from csrun.compiler import report
+from csrun.compiler.cache.compile_dir import (
+    MARKER, add_source_key, build_atomically, compile_key, find_by_source_key, marker_source_keys, read_marker,
+    source_key, verify_checksums,
+)
+from csrun.compiler.cache.program_io import PROGRAM_FILE, bind_weights, load_exported_program, save_program
+from csrun.compiler.capture import capture, input_schema
+from csrun.compiler.checks import run_checks
+from csrun.compiler.costs import layer_costs
+from csrun.compiler.errors import CompileError, ConfigError, ModelDoesNotFit, UnsafeProgram, raise_all
+from csrun.compiler.locate import caller_location
+from csrun.compiler.optim import learning_rate_from_torch, legacy_type_of, optimizer_spec_from_torch
+from csrun.compiler.placement import Plan, place
+from csrun.compiler.report import human_bytes
+from csrun.compiler.settings import CompileSettings
+from csrun.compiler.spec import ProgramSpec
+from csrun.compiler.wafer import WSE2, WaferSpec
+
+SPEC_FILE = "spec.json"
+PLAN_FILE = "plan.json"
+ESTIMATE_FILE = "estimate.json"
+REPORT_FILE = "report.txt"
+
+
+@dataclass(kw_only=True)
+class CompileResult:
+    """The outcome of :func:`validate_only` or :func:`compile_only`."""
+
+    ok: bool
+    """No problems: the step was captured (and, for a compile, fits the wafer)."""
+    validate_only: bool = False
+    problems: list[CompileError] = field(default_factory=list)
+    """Every problem found, in one pass."""
+    spec: ProgramSpec | None = None
+    plan: Plan | None = None
+    """The placement (None for validate_only and failures before placement; rebuilt from
+    ``plan.json`` on a cache hit by source key)."""
+    plan_json: dict[str, Any] | None = None
+    estimate_json: dict[str, Any] | None = None
+    directory: str | None = None
+    """The compile directory (``cs_<hash>/`` or the explicit compile_dir)."""
+    cache_hit: bool = False
+    """An existing complete directory was reused."""
+    program: torch.export.ExportedProgram | None = None
+    """The captured program (None on a fast cache hit: see :meth:`exported_program`)."""
+    seconds: float = 0.0
+    capture_seconds: float = 0.0
+
+    def raise_for_problems(self) -> None:
+        """Raise the problem (one) or :class:`~csrun.compiler.errors.CompileFailed` (several)."""
+        raise_all(self.problems)
+
+    def exported_program(self) -> torch.export.ExportedProgram:
+        """The program: the captured one (with the model's weights), or loaded (weights-only
+        unpickling) from the compile directory, whose weights are shape-only placeholders:
+        give them values with :func:`csrun.compiler.cache.program_io.bind_weights`."""
+        if self.program is None:
+            if not self.directory:
+                self.raise_for_problems()
+                raise RuntimeError("no program: nothing was compiled")
+            self.program, _ = load_program(self.directory)
+        return self.program
+
+
+def exit_code(result: CompileResult) -> int:
+    """0 for success, 1 for a failed validation/compile (the legacy exit codes)."""
+    return 0 if result.ok else 1
+
+
+def settings_with_optimizer(settings: CompileSettings, optimizer: torch.optim.Optimizer | None,
+                            model: torch.nn.Module) -> CompileSettings:
+    """Fill the optimizer (and a constant learning rate) from a torch optimizer object when the
+    settings have none (the user-API path; the params path sets them from the YAML)."""
+    if optimizer is None or settings.optimizer is not None or legacy_type_of(optimizer) is None:
+        return settings
+    lr = settings.learning_rate if settings.learning_rate not in (None, 0.0) else learning_rate_from_torch(optimizer)
+    return replace(settings, optimizer=optimizer_spec_from_torch(optimizer, model=model), learning_rate=lr)
+
+
+def _say(console: Console | None, text: str) -> None:
+    if console is not None:
+        console.print(text, markup=False, highlight=False)
+
+
+def _does_not_fit(plan: Plan) -> ModelDoesNotFit:
+    big = ", ".join(f"{l.name} ({human_bytes(l.sram_needed_bytes)})" for l in plan.biggest_layers(5))
+    return ModelDoesNotFit(
+        f"the model does not fit on {plan.wafer.name} (estimate): it needs {human_bytes(plan.sram_needed_bytes)} "
+        f"({plan.sram_needed_bytes:,.0f} bytes) of SRAM for weights, gradients, optimizer state and in-flight "
+        f"activations; the wafer has {human_bytes(plan.sram_available_bytes)} ({plan.sram_available_bytes:,.0f} bytes, "
+        f"{plan.wafer.num_pes:,} PEs x {human_bytes(plan.wafer.sram_bytes_per_pe)}). Biggest layers: {big}",
+        location=caller_location())
+
+
+def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optimizer: torch.optim.Optimizer | None,
+         lr_schedulers: Iterable[Any], dataloader: Any, validate: bool, model_dir: str | None, compile_dir: str | None,
+         wafer: WaferSpec, reuse_by_source: bool, console: Console | None) -> CompileResult:
+    t0 = time.perf_counter()
+    _say(console, report.MSG_COMPILING)
+    settings = settings_with_optimizer(settings, optimizer, model)
+    problems = run_checks(model=model, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
+                          dataloader=dataloader)
+    if not validate and settings.program_mode == "train" and settings.optimizer is None and optimizer is None:
+        problems.append(ConfigError("a training compile needs an optimizer",
+                                    fix="pass optimizer=<torch optimizer> or set the params optimizer section",
+                                    location=caller_location()))
+    if not validate and not problems and reuse_by_source:
+        hit = _fast_hit(model, batch, settings=settings, model_dir=model_dir, compile_dir=compile_dir, wafer=wafer)
+        if hit is not None:
+            hit.seconds = time.perf_counter() - t0
+            _finish(hit, console)
+            return hit
+    cap = capture(model, batch, settings=settings)
+    problems += cap.problems
+    result = CompileResult(ok=False, validate_only=validate, problems=problems, spec=cap.spec,
+                           capture_seconds=cap.seconds)
+    if problems or cap.program is None or cap.spec is None:
+        result.seconds = time.perf_counter() - t0
+        _finish(result, console)
+        return result
+    result.program = cap.program
+    if validate:
+        result.ok = True
+        result.seconds = time.perf_counter() - t0
+        _finish(result, console)
+        return result
+    plan = place(layer_costs(cap.program, cap.spec), cap.spec, wafer)
+    result.plan, result.plan_json, result.estimate_json = plan, plan.plan_json(), plan.estimate_json()
+    if not plan.fits:
+        result.problems.append(_does_not_fit(plan))
+        result.seconds = time.perf_counter() - t0
+        _finish(result, console)
+        return result
+    spec_json = cap.spec.to_json()
+    key = compile_key(cap.program, spec_json, wafer)
+    skey = _source_key(model, batch, settings, wafer)
+    target = compile_dir or os.path.join(model_dir or "model_dir", f"cs_{key}")
+    result.directory = os.path.abspath(target)
+
+    def write(tmp: str) -> None:
+        save_program(cap.program, os.path.join(tmp, PROGRAM_FILE))
+        with open(os.path.join(tmp, SPEC_FILE), "w") as f:
+            f.write(spec_json)
+        with open(os.path.join(tmp, PLAN_FILE), "w") as f:
+            json.dump({**result.plan_json, "compile_key": key}, f, indent=1)  # type: ignore[dict-item]
+        with open(os.path.join(tmp, ESTIMATE_FILE), "w") as f:
+            json.dump(result.estimate_json, f, indent=1)
+        result.seconds = time.perf_counter() - t0
+        with open(os.path.join(tmp, REPORT_FILE), "w") as f:
+            f.write(report.report_text(result))
+
+    existing = read_marker(target)
+    if existing is not None and existing.get("compile_key") != key:
+        # an explicit compile_dir holding another (complete) program: rebuild it
+        os.remove(os.path.join(target, MARKER))
+    try:
+        built = build_atomically(target, write, compile_key=key, source_key=skey)
+    except CompileError as exc:
+        result.problems.append(exc)
+        result.seconds = time.perf_counter() - t0
+        _finish(result, console)
+        return result
+    result.cache_hit = built.reused
+    if built.reused:
+        add_source_key(target, skey)
+    result.ok = True
+    result.seconds = time.perf_counter() - t0
+    _finish(result, console)
+    return result
+
+
+def _source_key(model: torch.nn.Module, batch: Any, settings: CompileSettings, wafer: WaferSpec) -> str:
+    inputs, tree = input_schema(batch)
+    schema = json.dumps([[i.path, i.dtype, list(i.shape)] for i in inputs]) + tree
+    spec = settings.program_spec(inputs=inputs, input_tree=tree, outputs=())
+    return source_key(model, schema, spec.to_json() + f"|{settings.mode}", wafer)
+
+
+def _fast_hit(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, model_dir: str | None,
+              compile_dir: str | None, wafer: WaferSpec) -> CompileResult | None:
+    try:
+        skey = _source_key(model, batch, settings, wafer)
+    except CompileError:
+        return None
+    if compile_dir is not None:
+        marker = read_marker(compile_dir)
+        directory = compile_dir if marker is not None and skey in marker_source_keys(marker) else None
+    else:
+        directory = find_by_source_key(model_dir or "model_dir", skey)
+    if directory is None:
+        return None
+    try:
+        with open(os.path.join(directory, SPEC_FILE)) as f:
+            spec = ProgramSpec.from_json(f.read())
+        with open(os.path.join(directory, PLAN_FILE)) as f:
+            plan_json = json.load(f)
+        with open(os.path.join(directory, ESTIMATE_FILE)) as f:
+            estimate_json = json.load(f)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        plan = Plan.from_json(plan_json, estimate_json)
+    except (KeyError, TypeError):
+        plan = None
+    return CompileResult(ok=True, spec=spec, plan=plan, plan_json=plan_json, estimate_json=estimate_json,
+                         directory=os.path.abspath(directory), cache_hit=True)
+
+
+def _finish(result: CompileResult, console: Console | None) -> None:
+    if console is not None:
+        report.print_result(result, console)
+
+
+def validate_only(model: torch.nn.Module, batch: Any, *, settings: CompileSettings,
+                  optimizer: torch.optim.Optimizer | None = None, lr_schedulers: Iterable[Any] = (),
+                  dataloader: Any = None, console: Console | None = None) -> CompileResult:
+    """Capture the step and run every check; no placement, nothing written.
+
+    ``batch`` is one batch as the model's forward receives it; ``optimizer`` (a torch
+    optimizer object) fills the optimizer spec when ``settings.optimizer`` is None;
+    ``lr_schedulers`` are torch schedulers the caller knows of (refused); ``dataloader`` is
+    checked for short last batches. ``console``: where messages go (None: silent).
+    """
+    return _run(model, batch, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
+                dataloader=dataloader, validate=True, model_dir=None, compile_dir=None, wafer=WSE2,
+                reuse_by_source=False, console=console)
+
+
+def compile_only(model: torch.nn.Module, batch: Any, *, settings: CompileSettings,
+                 model_dir: str | None = None, compile_dir: str | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, lr_schedulers: Iterable[Any] = (),
+                 dataloader: Any = None, wafer: WaferSpec = WSE2, reuse_by_source: bool = True,
+                 console: Console | None = None) -> CompileResult:
+    """Capture, check, place on the wafer model and write (or reuse) the compile directory.
+
+    The directory is ``compile_dir`` when given, else ``model_dir/cs_<hash>/``. With
+    ``reuse_by_source`` a complete directory whose source key matches is reused without
+    capturing (see :mod:`csrun.compiler.cache.compile_dir`). Other arguments as
+    :func:`validate_only`.
+    """
+    return _run(model, batch, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
+                dataloader=dataloader, validate=False, model_dir=model_dir, compile_dir=compile_dir, wafer=wafer,
+                reuse_by_source=reuse_by_source, console=console)
+
+
+def load_program(directory: str, *, weights: Mapping[str, torch.Tensor] | None = None
+                 ) -> tuple[torch.export.ExportedProgram, ProgramSpec]:
+    """The program and spec of a complete compile directory.
+
+    The saved program's weights are shape-only placeholders (the compile key covers weight
+    shapes, not values); pass ``weights`` (``model.state_dict()`` or a checkpoint's) to bind
+    them (:func:`~csrun.compiler.cache.program_io.bind_weights`).
+
+    Refuses (:class:`UnsafeProgram`) a directory without a valid ``COMPLETE`` marker, with a
+    file whose checksum differs from the marker's, or whose archive needs more than
+    weights-only unpickling.
+    """
+    try:
+        with open(os.path.join(directory, MARKER)) as f:
+            marker = json.load(f)
+        marker["files"].items()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise UnsafeProgram(f"{directory} is not a complete compile directory (no valid {MARKER} marker)") from None
+    bad = verify_checksums(directory, marker)
+    if bad:
+        raise UnsafeProgram(f"{directory}: {', '.join(bad)} changed after the compile (checksum mismatch)")
+    with open(os.path.join(directory, SPEC_FILE)) as f:
+        spec = ProgramSpec.from_json(f.read())
+    program = load_exported_program(os.path.join(directory, PROGRAM_FILE))
+    if weights is not None:
+        bind_weights(program, weights)
+    return program, spec

@@ -1,0 +1,104 @@
+"""Find the user's file and line: in a traceback, on the live stack, or in a class.
+
+"User code" is any file outside the torch package, outside the Python standard library and
+outside csrun itself. The source line comes from :mod:`linecache`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import sys
+import sysconfig
+import traceback
+from types import FrameType, TracebackType
+
+import torch
+
+from csrun.compiler.errors import Location
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_CSRUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+
+
+def is_user_file(filename: str) -> bool:
+    """True for a file of the user's (not torch, not the standard library, not csrun)."""
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    if path.startswith(_TORCH_DIR) or path.startswith(_CSRUN_DIR):
+        return False
+    if any(path.startswith(d) and "site-packages" not in path for d in _STDLIB_DIRS):
+        return False
+    return True
+
+
+def is_torch_file(filename: str) -> bool:
+    """True for a file inside the torch package."""
+    return os.path.abspath(filename).startswith(_TORCH_DIR)
+
+
+def location_of(filename: str, lineno: int, function: str = "") -> Location:
+    """A :class:`Location` with the stripped source line filled in."""
+    return Location(filename=os.path.abspath(filename), lineno=lineno, function=function,
+                    source_line=linecache.getline(filename, lineno).strip())
+
+
+def user_frame_in_traceback(tb: TracebackType | None) -> Location | None:
+    """The innermost user frame of a traceback (where the user's code was when it failed)."""
+    found = None
+    for fs in traceback.extract_tb(tb):
+        if is_user_file(fs.filename):
+            found = location_of(fs.filename, fs.lineno or 0, fs.name)
+    return found
+
+
+def user_frame_in_exception(exc: BaseException) -> Location | None:
+    """The user's frame for an exception: its own traceback, then its causes/contexts.
+
+    torch.export also prints ``The following call raised this error: File "...", line N``;
+    that text is parsed when no traceback frame is the user's.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        loc = user_frame_in_traceback(e.__traceback__)
+        if loc is not None:
+            return loc
+        e = e.__cause__ or e.__context__
+    return _user_frame_in_message(str(exc))
+
+
+def _user_frame_in_message(text: str) -> Location | None:
+    import re
+
+    for m in reversed(list(re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', text))):
+        if is_user_file(m.group(1)):
+            return location_of(m.group(1), int(m.group(2)), m.group(3))
+    return None
+
+
+def caller_location(skip_files: tuple[str, ...] = ()) -> Location | None:
+    """The innermost user frame on the current stack (who called into csrun)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if is_user_file(fn) and fn not in skip_files:
+            return location_of(fn, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
+def definition_location(obj: object) -> Location | None:
+    """Where a class or function is defined (its ``def``/``class`` line), or None."""
+    try:
+        filename = inspect.getsourcefile(obj)  # type: ignore[arg-type]
+        _, lineno = inspect.getsourcelines(obj)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return None
+    if filename is None:
+        return None
+    return location_of(filename, lineno, getattr(obj, "__qualname__", ""))

@@ -1,0 +1,197 @@
+"""Optimizer specs: from a torch.optim object or from the legacy params ``optimizer:`` section.
+
+The device runs its own implementation of each legacy optimizer type, built from the
+:class:`~csrun.compiler.spec.OptimizerSpec`; the user's optimizer object only tells which type
+and which hyperparameters. :func:`state_slots` says how many parameter-sized state tensors
+each type keeps (for the wafer memory budget).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from csrun.compiler.errors import ConfigError, Location, UnsupportedOptimizer
+from csrun.compiler.locate import caller_location, definition_location
+from csrun.compiler.spec import LEGACY_OPTIMIZERS, OptimizerSpec
+
+TORCH_OPTIMIZER_TYPES: dict[str, str] = {
+    "SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adamax": "adamax", "Adadelta": "adadelta",
+    "Adafactor": "adafactor", "Adagrad": "adagrad", "ASGD": "asgd", "RAdam": "radam",
+    "NAdam": "nadam", "RMSprop": "rmsprop", "Rprop": "rprop",
+}
+"""torch.optim class name -> legacy optimizer type. (torch has no LAMB; LBFGS and SparseAdam
+have no legacy counterpart.)"""
+
+_IMPLEMENTATION_KEYS = frozenset({"params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable"})
+"""param_group keys that are not hyperparameters of the update rule."""
+
+_PARAMS_KEYS = frozenset({
+    "optimizer_type", "learning_rate", "momentum", "weight_decay_rate", "beta1", "beta2", "eps",
+    "epsilon", "correct_bias", "exclude_from_weight_decay", "loss_scaling_factor",
+    "initial_loss_scale", "steps_per_increase", "min_loss_scale", "max_loss_scale",
+    "max_gradient_norm", "max_gradient_value", "grad_accum_steps", "nesterov", "amsgrad",
+    "rho", "alpha", "centered", "initial_accumulator_value", "lr_decay",
+})
+"""Keys the legacy ``optimizer:`` section may hold."""
+
+
+def legacy_type_of(optimizer: torch.optim.Optimizer) -> str | None:
+    """The legacy type of a torch optimizer object, or None when the system has none.
+
+    torch.optim classes map by :data:`TORCH_OPTIMIZER_TYPES`; a custom class counts when its
+    name (or a base class's) is a legacy type (e.g. a user ``Lamb``): the device runs its own implementation.
+    """
+    for klass in type(optimizer).__mro__:
+        if klass.__module__.startswith("torch.optim"):
+            if klass.__name__ in TORCH_OPTIMIZER_TYPES:
+                return TORCH_OPTIMIZER_TYPES[klass.__name__]
+        elif klass.__name__.lower() in LEGACY_OPTIMIZERS:
+            return klass.__name__.lower()
+    return None
+
+
+def is_torch_builtin(optimizer: torch.optim.Optimizer) -> bool:
+    """True when the optimizer's class is defined inside torch.optim (not the user's code)."""
+    return type(optimizer).__module__.startswith("torch.optim")
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(type(value).__name__)
+
+
+def _hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in group.items():
+        if k in _IMPLEMENTATION_KEYS:
+            continue
+        try:
+            out[k] = _json_value(v)
+        except TypeError:
+            continue  # not data (a callable etc.): the device cannot use it anyway
+    return out
+
+
+def unsupported_optimizer_error(optimizer: torch.optim.Optimizer) -> UnsupportedOptimizer:
+    """The error for an optimizer the system lacks, located at its class (custom) or the caller."""
+    cls = type(optimizer)
+    loc: Location | None = None if is_torch_builtin(optimizer) else definition_location(cls)
+    return UnsupportedOptimizer(
+        f"optimizer {cls.__module__}.{cls.__qualname__} is not one the system has",
+        fix="use one of: " + ", ".join(LEGACY_OPTIMIZERS)
+            + " (torch.optim.SGD, Adam, AdamW, Adamax, Adadelta, Adafactor, Adagrad, ASGD, RAdam,"
+              " NAdam, RMSprop, Rprop, or a class named Lamb)",
+        location=loc or caller_location())
+
+
+def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.nn.Module | None = None) -> OptimizerSpec:
+    """The :class:`OptimizerSpec` of a torch optimizer object.
+
+    Hyperparameters come from the first param group (``lr`` excluded: see
+    :func:`learning_rate_from_torch`). With several groups that differ, ``param_groups`` lists
+    each group's parameter names (from ``model``; positions ``"#i"`` without it) and the keys
+    that differ. Raises :class:`UnsupportedOptimizer` for a type the system does not have.
+    """
+    kind = legacy_type_of(optimizer)
+    if kind is None:
+        raise unsupported_optimizer_error(optimizer)
+    groups = optimizer.param_groups
+    base = _hyperparameters(groups[0])
+    param_groups: list[dict[str, Any]] = []
+    if len(groups) > 1:
+        names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+        index = 0
+        for g in groups:
+            hp = _hyperparameters(g)
+            diff = {k: v for k, v in hp.items() if base.get(k) != v}
+            if float(g["lr"]) != float(groups[0]["lr"]):
+                diff["lr_factor"] = float(g["lr"]) / float(groups[0]["lr"]) if float(groups[0]["lr"]) else 0.0
+            pnames = []
+            for p in g["params"]:
+                pnames.append(names.get(id(p), f"#{index}"))
+                index += 1
+            param_groups.append({"params": pnames, **diff})
+        if all(len(g) == 1 for g in param_groups):
+            param_groups = []
+    return OptimizerSpec(type=kind, hyperparameters=base, param_groups=tuple(param_groups))
+
+
+def learning_rate_from_torch(optimizer: torch.optim.Optimizer) -> float:
+    """The constant learning rate of a torch optimizer (its first group's ``lr``)."""
+    lr = optimizer.param_groups[0]["lr"]
+    return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+
+
+def optimizer_spec_from_params(section: Mapping[str, Any]) -> OptimizerSpec:
+    """The :class:`OptimizerSpec` of the legacy params ``optimizer:`` section.
+
+    ``optimizer_type`` is case-insensitive; ``weight_decay_rate`` becomes ``weight_decay``,
+    ``beta1``/``beta2`` become ``betas``, ``epsilon`` becomes ``eps``; legacy-only keys
+    (``correct_bias``, ``exclude_from_weight_decay``) are kept as they are. Learning rate,
+    loss scaling, clipping and accumulation are read by
+    :func:`csrun.compiler.settings.settings_from_params`, not here. Unknown keys are errors.
+    """
+    unknown = sorted(set(section) - _PARAMS_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in params optimizer section: {', '.join(unknown)}",
+                          fix="valid keys: " + ", ".join(sorted(_PARAMS_KEYS)))
+    raw_type = section.get("optimizer_type")
+    if not isinstance(raw_type, str):
+        raise ConfigError(f"optimizer.optimizer_type must be a string, got {raw_type!r}",
+                          fix="set optimizer_type to one of: " + ", ".join(LEGACY_OPTIMIZERS))
+    kind = raw_type.lower()
+    if kind not in LEGACY_OPTIMIZERS:
+        raise UnsupportedOptimizer(f"optimizer_type {raw_type!r} is not one the system has",
+                                   fix="use one of: " + ", ".join(LEGACY_OPTIMIZERS))
+    hp: dict[str, Any] = {}
+    if "momentum" in section:
+        hp["momentum"] = float(section["momentum"])
+    if "weight_decay_rate" in section:
+        hp["weight_decay"] = float(section["weight_decay_rate"])
+    if "beta1" in section or "beta2" in section:
+        hp["betas"] = [float(section.get("beta1", 0.9)), float(section.get("beta2", 0.999))]
+    for src, dst in (("eps", "eps"), ("epsilon", "eps"), ("rho", "rho"), ("alpha", "alpha"),
+                     ("lr_decay", "lr_decay"), ("initial_accumulator_value", "initial_accumulator_value")):
+        if src in section:
+            hp[dst] = float(section[src])
+    for key in ("nesterov", "amsgrad", "centered", "correct_bias"):
+        if key in section:
+            hp[key] = bool(section[key])
+    if "exclude_from_weight_decay" in section:
+        hp["exclude_from_weight_decay"] = [str(x) for x in section["exclude_from_weight_decay"]]
+    return OptimizerSpec(type=kind, hyperparameters=hp)
+
+
+def state_slots(spec: OptimizerSpec | None) -> float:
+    """Parameter-sized state tensors the optimizer keeps per weight (for the memory budget).
+
+    sgd: 1 with momentum else 0; adam/adamw/lamb/nadam/radam/adamax/adadelta: 2 (amsgrad +1);
+    adagrad: 1; rmsprop: 1 (+1 momentum, +1 centered); rprop: 2; asgd: 1; adafactor:
+    factored second moments, counted as 0.1 of a slot (an estimate). None (eval): 0.
+    """
+    if spec is None:
+        return 0.0
+    hp = spec.hyperparameters
+    t = spec.type
+    if t == "sgd":
+        return 1.0 if float(hp.get("momentum", 0.0) or 0.0) != 0.0 else 0.0
+    if t in ("adam", "adamw", "lamb", "nadam", "radam", "adamax", "adadelta"):
+        return 3.0 if hp.get("amsgrad") else 2.0
+    if t == "adagrad":
+        return 1.0
+    if t == "rmsprop":
+        return 1.0 + (1.0 if float(hp.get("momentum", 0.0) or 0.0) else 0.0) + (1.0 if hp.get("centered") else 0.0)
+    if t == "rprop":
+        return 2.0
+    if t == "asgd":
+        return 1.0
+    if t == "adafactor":
+        return 0.1
+    return 2.0  # an unknown type: assume Adam-like

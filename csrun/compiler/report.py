@@ -1,0 +1,112 @@
+"""Human-readable output of a compile: the legacy messages, a rich table, ``report.txt``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from csrun.compiler.placement import Plan
+
+if TYPE_CHECKING:
+    from csrun.compiler.flow import CompileResult
+
+MSG_COMPILING = "Compiling the model. This may take a few minutes."
+MSG_TRAIN_OK = "Compile for training completed successfully!"
+MSG_EVAL_OK = "Compile for evaluation completed successfully!"
+MSG_VALIDATE_OK = "Validation completed successfully!"
+MSG_FAILED = "Compile failed"
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def plan_table(plan: Plan, *, top: int = 10) -> Table:
+    """The biggest layers with their regions, memory and stage times (estimates)."""
+    t = Table(title=f"Placement on {plan.wafer.name} (estimate) - biggest {min(top, len(plan.layers))} of {len(plan.layers)} layers")
+    for col, just in (("layer", "left"), ("type", "left"), ("PEs", "right"), ("weights", "right"),
+                      ("opt. state", "right"), ("activations", "right"), ("SRAM need/avail", "right"),
+                      ("MFLOP/sample", "right"), ("stage µs", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for l in plan.biggest_layers(top):
+        t.add_row(l.name, l.module_type.rsplit(".", 1)[-1], f"{l.pes:,}", human_bytes(l.weight_bytes),
+                  human_bytes(l.optimizer_state_bytes), human_bytes(l.activation_bytes),
+                  f"{human_bytes(l.sram_needed_bytes)} / {human_bytes(l.sram_available_bytes)}"
+                  + ("" if l.fits else " ✗"),
+                  f"{l.train_flops_per_sample / 1e6:,.2f}", f"{l.stage_seconds_per_sample * 1e6:,.3f}")
+    return t
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    """Fit, utilization and throughput, each labelled as an estimate."""
+    fit = "fits" if plan.fits else "DOES NOT FIT"
+    return [
+        f"Wafer: {plan.wafer.name}, {plan.wafer.num_pes:,} PEs, {human_bytes(plan.wafer.sram_bytes)} SRAM",
+        f"Memory (estimate): {human_bytes(plan.sram_needed_bytes)} needed of {human_bytes(plan.sram_available_bytes)} - {fit}",
+        f"Utilization (estimate): {plan.total_utilization:.1%} of PEs placed, {plan.compute_utilization:.1%} of assumed peak FLOP/s",
+        f"Throughput (estimate, an upper bound: ideally balanced pipeline): {plan.est_samples_per_sec:,.1f} samples/s "
+        f"steady state (slowest stage: {plan.bottleneck})",
+    ]
+
+
+def _text_table(plan: Plan, top: int) -> list[str]:
+    header = ("layer", "type", "PEs", "weights", "opt. state", "activations", "SRAM need", "SRAM avail", "MFLOP/sample", "stage us")
+    rows = [header]
+    for l in plan.biggest_layers(top):
+        rows.append((l.name, l.module_type.rsplit(".", 1)[-1], f"{l.pes:,}", human_bytes(l.weight_bytes),
+                     human_bytes(l.optimizer_state_bytes), human_bytes(l.activation_bytes),
+                     human_bytes(l.sram_needed_bytes), human_bytes(l.sram_available_bytes),
+                     f"{l.train_flops_per_sample / 1e6:,.2f}", f"{l.stage_seconds_per_sample * 1e6:,.3f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
+def report_text(result: "CompileResult") -> str:
+    """The content of ``report.txt`` (plain text)."""
+    out = [f"csrun compile report - {result.directory}",
+           "All placement and throughput figures are ESTIMATES from the wafer model (csrun.compiler.wafer)."]
+    if result.spec is not None:
+        opt = result.spec.optimizer
+        out.append(f"Mode: {result.spec.mode}; precision: {result.spec.precision}; "
+                   f"optimizer: {opt.type if opt else '-'} {opt.hyperparameters if opt else ''}; "
+                   f"learning_rate: {result.spec.learning_rate!r}")
+        out.append("Inputs: " + ", ".join(f"{i.path} {i.dtype}{list(i.shape)}" for i in result.spec.inputs))
+    if result.plan is not None:
+        out += summary_lines(result.plan)
+        out.append(f"Biggest {min(25, len(result.plan.layers))} of {len(result.plan.layers)} layers by SRAM:")
+        out += _text_table(result.plan, 25)
+    out.append(f"Capture (torch.export): {result.capture_seconds:.2f} s; whole compile: {result.seconds:.2f} s")
+    out.append("program.pt2 holds the graph with shape-only weight placeholders; a run takes the weight values "
+               "from the model or checkpoint.")
+    return "\n".join(out) + "\n"
+
+
+def print_result(result: "CompileResult", console: Console | None = None) -> None:
+    """Print the outcome as users knew it: table, summary, then the legacy success/failure line."""
+    console = console or Console()
+    if result.plan is not None:
+        console.print(plan_table(result.plan))
+        for line in summary_lines(result.plan):
+            console.print(line)
+    if result.cache_hit:
+        console.print(f"Reusing the compile in {result.directory} (same graph, settings and csrun version).")
+    elif result.directory:
+        console.print(f"Compile artifacts written to {result.directory}")
+    if result.ok:
+        if result.validate_only:
+            console.print(MSG_VALIDATE_OK)
+        else:
+            console.print(MSG_EVAL_OK if result.spec is not None and result.spec.mode == "eval" else MSG_TRAIN_OK)
+    else:
+        for i, p in enumerate(result.problems, 1):
+            console.print(f"[{i}] {type(p).__name__}: {p.render()}", markup=False, highlight=False)
+        console.print(MSG_FAILED)

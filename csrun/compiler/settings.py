@@ -1,0 +1,132 @@
+"""Compile settings: what the program spec needs besides the captured graph.
+
+Built either by the user API (from a torch optimizer object and flags) or from the legacy
+params YAML (:func:`settings_from_params`). :meth:`CompileSettings.program_spec` combines them
+with the captured input schema into the :class:`~csrun.compiler.spec.ProgramSpec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from csrun.compiler.errors import ConfigError
+from csrun.compiler.optim import optimizer_spec_from_params
+from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
+
+RUN_MODES = ("train", "eval", "train_and_eval")
+"""run.py ``--mode`` values."""
+
+
+def precision_for(*, mixed_precision: bool, use_cbfloat16: bool = False) -> str:
+    """The compute dtype: ``cbfloat16`` or ``float16`` under mixed precision, else ``float32``."""
+    if not mixed_precision:
+        return "float32"
+    return "cbfloat16" if use_cbfloat16 else "float16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileSettings:
+    """Everything a compile needs besides the model and a batch."""
+
+    mode: str = "train"
+    """The run mode: ``train``, ``eval`` (forward only) or ``train_and_eval`` (refused on the system)."""
+    optimizer: OptimizerSpec | None = None
+    """The optimizer (None for eval)."""
+    learning_rate: Any = 0.0
+    """The legacy ``learning_rate`` value: a number, a scheduler mapping or a list of them."""
+    mixed_precision: bool = True
+    """Float32 weights, 16-bit compute (the system's only training mode)."""
+    use_cbfloat16: bool = False
+    """``csconfig.use_cbfloat16``: cbfloat16 instead of float16 compute."""
+    loss_scaling: LossScalingSpec = field(default_factory=LossScalingSpec)
+    """Fixed or dynamic loss scaling."""
+    max_gradient_norm: float | None = None
+    """Clip the global gradient norm to this (None: no clipping)."""
+    max_gradient_value: float | None = None
+    """Clip each gradient element to ±this (None: no clipping)."""
+    grad_accum_steps: int = 1
+    """Gradient accumulation; anything above 1 is refused on the system."""
+
+    @property
+    def precision(self) -> str:
+        """The compute dtype name (see :func:`precision_for`)."""
+        return precision_for(mixed_precision=self.mixed_precision, use_cbfloat16=self.use_cbfloat16)
+
+    @property
+    def program_mode(self) -> str:
+        """``train`` or ``eval``: the kind of program compiled (train_and_eval compiles train)."""
+        return "eval" if self.mode == "eval" else "train"
+
+    def program_spec(self, *, inputs: tuple[TensorSpec, ...], input_tree: str, outputs: tuple[str, ...]) -> ProgramSpec:
+        """The :class:`ProgramSpec` for a captured step with this input schema."""
+        train = self.program_mode == "train"
+        return ProgramSpec(
+            mode=self.program_mode, inputs=inputs, input_tree=input_tree,
+            optimizer=self.optimizer if train else None,
+            learning_rate=self.learning_rate if train else 0.0,
+            precision=self.precision, mixed_precision=self.mixed_precision,
+            loss_scaling=self.loss_scaling, max_gradient_norm=self.max_gradient_norm,
+            max_gradient_value=self.max_gradient_value, outputs=outputs)
+
+
+def _float_or_none(section: Mapping[str, Any], key: str) -> float | None:
+    v = section.get(key)
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"optimizer.{key} must be a number, got {v!r}", fix=f"set {key} to a number or remove it") from None
+
+
+def loss_scaling_from_params(section: Mapping[str, Any]) -> LossScalingSpec:
+    """Loss scaling from the optimizer section (``loss_scaling_factor``: number or ``"dynamic"``)."""
+    factor = section.get("loss_scaling_factor", 1.0)
+    if isinstance(factor, str):
+        if factor.lower() != "dynamic":
+            raise ConfigError(f"optimizer.loss_scaling_factor must be a number or 'dynamic', got {factor!r}",
+                              fix="set loss_scaling_factor to a number (e.g. 1.0) or \"dynamic\"")
+        factor = "dynamic"
+    else:
+        factor = float(factor)
+    d = LossScalingSpec()
+    return LossScalingSpec(
+        factor=factor,
+        initial_loss_scale=float(section.get("initial_loss_scale", d.initial_loss_scale)),
+        steps_per_increase=int(section.get("steps_per_increase", d.steps_per_increase)),
+        min_loss_scale=float(section.get("min_loss_scale", d.min_loss_scale)),
+        max_loss_scale=float(section.get("max_loss_scale", d.max_loss_scale)))
+
+
+def settings_from_params(params: Mapping[str, Any], *, mode: str = "train") -> CompileSettings:
+    """Compile settings from the legacy params dict (the YAML, already loaded).
+
+    Reads ``optimizer`` (type, hyperparameters, ``learning_rate``, loss scaling, clipping,
+    ``grad_accum_steps``), ``model.mixed_precision`` (required) and ``csconfig.use_cbfloat16``
+    (``model.use_cbfloat16`` also accepted). ``mode`` is run.py's ``--mode``.
+    """
+    if mode not in RUN_MODES:
+        raise ConfigError(f"mode {mode!r} is not one of {', '.join(RUN_MODES)}", fix="pass --mode train or --mode eval")
+    model = params.get("model") or {}
+    if "mixed_precision" not in model:
+        raise ConfigError("params model.mixed_precision is required",
+                          fix="set model.mixed_precision: True (the system trains in mixed precision)")
+    csconfig = params.get("csconfig") or {}
+    use_cb = bool(csconfig.get("use_cbfloat16", model.get("use_cbfloat16", False)))
+    section = params.get("optimizer") or {}
+    optimizer = optimizer_spec_from_params(section) if section else None
+    if optimizer is None and mode != "eval":
+        raise ConfigError("params has no optimizer section", fix="add optimizer: {optimizer_type: sgd, learning_rate: 0.001}")
+    try:
+        accum = int(section.get("grad_accum_steps", 1) or 1)
+    except (TypeError, ValueError):
+        raise ConfigError(f"optimizer.grad_accum_steps must be an integer, got {section.get('grad_accum_steps')!r}",
+                          fix="set grad_accum_steps to 1") from None
+    return CompileSettings(
+        mode=mode, optimizer=optimizer, learning_rate=section.get("learning_rate", 0.0),
+        mixed_precision=bool(model["mixed_precision"]), use_cbfloat16=use_cb,
+        loss_scaling=loss_scaling_from_params(section),
+        max_gradient_norm=_float_or_none(section, "max_gradient_norm"),
+        max_gradient_value=_float_or_none(section, "max_gradient_value"),
+        grad_accum_steps=accum)

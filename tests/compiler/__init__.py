@@ -1,0 +1,1 @@
+"""Tests of the compiler room (csrun.compiler)."""
