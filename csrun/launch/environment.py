@@ -12,6 +12,14 @@ Set by the launchers (srun and mpiexec pass the environment on to every task):
     The site config as the launcher saw it; ``CSRUN_MOUNT_DIRS`` includes ``--mount-dirs``.
     python-pt reads them, so a task uses the launcher's settings.
 
+``UCX_TLS``
+    Set to ``self,sm,tcp`` for Slurm launches unless already set. Under ``srun --mpi=pmi2``
+    the mpich wheel's (MPICH 5.0.2) PMI-2 client sends a large UCX business card in segments
+    and reads past its buffer ("mpi/pmi2: invalid client request"), so MPI_Init fails or
+    hangs; with these transports the card stays small. (The OFI netmod avoids it too, but
+    there MPI_Abort after a collective hangs instead of ending the job.) On an InfiniBand
+    cluster set ``UCX_TLS`` yourself (e.g. ``self,sm,rc``).
+
 ``CS_IP`` passes through untouched.
 """
 
@@ -38,6 +46,8 @@ def task_environment(
     env = dict(os.environ if base is None else base)
     mounts = tuple(dict.fromkeys(site.mount_dirs + extra_mounts))
     env.update(site_environment(dataclasses.replace(site, mount_dirs=mounts)))
+    if mode == "slurm":
+        env.setdefault("UCX_TLS", "self,sm,tcp")
     env.update(
         CSRUN_LAUNCHER=launcher,
         CSRUN_LAUNCH_MODE=mode,

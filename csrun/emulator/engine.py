@@ -1,0 +1,284 @@
+"""The engine: executes a captured program with weights, optimizer and scaler state resident.
+
+One :class:`Engine` holds one program (a ``torch.export`` ExportedProgram of forward+loss) and
+its :class:`~csrun.compiler.spec.ProgramSpec`. A training step runs the captured graph (not the
+user's Python: side effects in the step happened once, at capture), backward through autograd,
+unscale/overflow check, clipping, the optimizer update with the learning rate the schedule gives
+for the global step, and the loss-scale update. All state lives on the engine's device.
+
+The program's forward returns the loss, or a tuple/list whose first item is the loss, or a
+mapping with a ``"loss"`` key; other items come back as extra outputs (``output_<i>`` for
+sequence items, their keys for mappings).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+from csrun.compiler.spec import ProgramSpec
+from csrun.emulator import loss_scaling, optimizers, precision, schedules
+from csrun.emulator.errors import SpecError
+
+log = logging.getLogger("csrun.emulator")
+
+STATE_FORMAT = 1
+"""Version of the :meth:`Engine.state_dict` layout."""
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    """Validate ``cpu``, ``cuda`` or ``cuda:i`` and check the device exists."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise SpecError(f"device: {device!r} is not a device; use cpu, cuda or cuda:<index>") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise SpecError(f"device: {device!r} is not supported; use cpu, cuda or cuda:<index>")
+    if not torch.cuda.is_available():
+        raise SpecError(f"device: {device!r} asked for, but no CUDA device is visible here")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise SpecError(f"device: {device!r} does not exist; {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device("cuda", index)
+
+
+def _split_outputs(out: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Separate the loss from extra outputs."""
+    if isinstance(out, torch.Tensor):
+        return out, {}
+    if isinstance(out, dict):
+        if "loss" not in out:
+            raise SpecError(f"program outputs a mapping without a 'loss' key (keys: {sorted(out)})")
+        return out["loss"], {str(k): v for k, v in out.items() if k != "loss"}
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0], {f"output_{i}": v for i, v in enumerate(out) if i > 0}
+    raise SpecError(f"program output must be the loss, (loss, ...) or {{'loss': ...}}; got {type(out).__name__}")
+
+
+def _move_constants(module: torch.fx.GraphModule, device: torch.device) -> None:
+    """Move lifted tensor constants to ``device``: the unlifted module keeps them as plain
+    attributes, which ``Module.to`` does not touch."""
+    for node in module.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        owner: Any = module
+        *path, leaf = str(node.target).split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        value = getattr(owner, leaf, None)
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
+                and leaf not in getattr(owner, "_buffers", {}) and value.device != device:
+            setattr(owner, leaf, value.to(device))
+
+
+class Engine:
+    """Executes one program on one device; see the module docstring for the step's phases."""
+
+    def __init__(
+        self,
+        program: torch.export.ExportedProgram,
+        spec: ProgramSpec,
+        device: str | torch.device = "cpu",
+        *,
+        notice: Callable[[str], None] | None = None,
+    ) -> None:
+        """Place the program's weights on ``device`` and build optimizer, schedule and scaler.
+
+        Raises :class:`SpecError` for spec values the emulator cannot run.
+        """
+        self.notice = notice or (lambda msg: log.warning("%s", msg))
+        self.device = parse_device(device)
+        self.spec = spec
+        mode = getattr(spec, "mode", "train")
+        if mode not in ("train", "eval"):
+            raise SpecError(f"mode: {mode!r} is not a program mode; valid: train, eval")
+        self.training = mode == "train"
+        self.precision = precision.resolve_precision(
+            getattr(spec, "precision", "float16"), bool(getattr(spec, "mixed_precision", True)), self.notice
+        )
+        module = program.module()
+        if self.precision == "cbfloat16":
+            precision.apply_cbfloat16(module)
+        module.to(self.device)
+        _move_constants(module, self.device)
+        with torch.no_grad():
+            # own copies: the unlifted module shares storage with the program's state dict,
+            # and training must not change the caller's program
+            fresh: dict[int, torch.Tensor] = {}  # tied weights stay tied
+            for mod in module.modules():
+                for name, p in list(mod._parameters.items()):
+                    if p is not None:
+                        if id(p) not in fresh:
+                            data = p.detach().float() if p.is_floating_point() else p.detach()
+                            fresh[id(p)] = torch.nn.Parameter(data.clone(), requires_grad=p.requires_grad)
+                        mod._parameters[name] = fresh[id(p)]
+                for name, b in list(mod._buffers.items()):
+                    if b is not None:
+                        if id(b) not in fresh:
+                            fresh[id(b)] = b.clone()
+                        mod._buffers[name] = fresh[id(b)]
+        self.module = module
+        self.named_params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named_params]
+        self.global_step = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._step = 0  # host mirror of global_step: no device read per step
+        self._inputs = tuple(getattr(spec, "inputs", ()) or ())
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.schedule: schedules.Schedule | None = None
+        self.scaler: loss_scaling.LossScaler | None = None
+        self.max_norm = getattr(spec, "max_gradient_norm", None)
+        self.max_value = getattr(spec, "max_gradient_value", None)
+        if self.training:
+            opt_spec = getattr(spec, "optimizer", None)
+            if opt_spec is None:
+                raise SpecError("a train program needs an optimizer in its spec")
+            self.schedule = schedules.build_schedule(getattr(spec, "learning_rate", 0.0))
+            loss_scaling.check_clipping(self.max_norm, self.max_value)
+            ls = getattr(spec, "loss_scaling", None)
+            self.scaler = loss_scaling.LossScaler(
+                factor=getattr(ls, "factor", 1.0),
+                initial_loss_scale=getattr(ls, "initial_loss_scale", 2.0**15),
+                steps_per_increase=getattr(ls, "steps_per_increase", 2000),
+                min_loss_scale=getattr(ls, "min_loss_scale", 1.0),
+                max_loss_scale=getattr(ls, "max_loss_scale", 2.0**24),
+            )
+            self.optimizer = optimizers.build_optimizer(
+                opt_spec.type, dict(opt_spec.hyperparameters), self.named_params, lr=self.schedule(0)
+            )
+            optimizers.preinitialize_state(self.optimizer)
+        # train/eval behaviour (dropout, batch norm) is fixed in the captured graph; the
+        # unlifted module refuses .train()/.eval(), so nothing is switched here.
+
+    @property
+    def step(self) -> int:
+        """The global step: number of training steps run (skipped updates included)."""
+        return self._step
+
+    def _to_device(self, batch: Any) -> Any:
+        leaves, tree = pytree.tree_flatten(batch)
+        specs = self._inputs if len(self._inputs) == len(leaves) else ()
+        out = []
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, torch.Tensor):
+                out.append(leaf)
+                continue
+            if specs:
+                ts = specs[i]
+                if tuple(leaf.shape) != tuple(ts.shape):
+                    raise SpecError(
+                        f"input {ts.path}: shape {tuple(leaf.shape)} but the program was captured with "
+                        f"{tuple(ts.shape)} (sizes must be static)"
+                    )
+                want = getattr(torch, ts.dtype, None)
+                if isinstance(want, torch.dtype) and leaf.dtype != want:
+                    leaf = leaf.to(want)  # e.g. int32 on the wire -> int64 as captured
+            out.append(leaf.to(self.device, non_blocking=True))
+        return pytree.tree_unflatten(out, tree)
+
+    def run_step(self, batch: Any) -> dict[str, torch.Tensor]:
+        """Run one step on ``batch``; returns device tensors: ``loss``, and for training ``lr`` and
+        ``loss_scale`` (the values this step used) and ``global_step`` (after it), plus the
+        program's extra outputs."""
+        inputs = self._to_device(batch)
+        if not self.training:
+            with torch.no_grad(), precision.forward_context(self.precision, self.device):
+                loss, extra = _split_outputs(self.module(inputs))
+            return {"loss": loss.detach().float(), **{k: v.detach() if isinstance(v, torch.Tensor) else v
+                                                      for k, v in extra.items()}}
+        opt, schedule, scaler = self.optimizer, self.schedule, self.scaler
+        if opt is None or schedule is None or scaler is None:
+            raise RuntimeError("train engine without optimizer, schedule or scaler")
+        lr = schedule(self._step)
+        scale = scaler.scale
+        with precision.forward_context(self.precision, self.device):
+            loss, extra = _split_outputs(self.module(inputs))
+        loss = loss.float()
+        (loss * scale if scale != 1.0 else loss).backward()
+        grads = [p.grad for p in self.params if p.grad is not None]
+        overflow = scaler.unscale_and_check(grads)
+        if not overflow:
+            loss_scaling.clip_gradients(grads, max_norm=self.max_norm, max_value=self.max_value)
+            optimizers.set_learning_rate(opt, lr)
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        scaler.update(overflow)
+        self._step += 1
+        self.global_step.add_(1)
+        out: dict[str, Any] = {
+            "loss": loss.detach(),
+            "lr": torch.full((), lr, dtype=torch.float32, device=self.device),
+            "loss_scale": torch.full((), scale, dtype=torch.float32, device=self.device),
+            "global_step": self.global_step.clone(),
+        }
+        for k, v in extra.items():
+            out[k] = v.detach() if isinstance(v, torch.Tensor) else v
+        return out
+
+    def _optimizer_param_names(self) -> list[str]:
+        """Parameter names in the order the optimizer state dict numbers them (group by group)."""
+        if self.optimizer is None:
+            return [n for n, _ in self.named_params]
+        name_of = {id(p): n for n, p in self.named_params}
+        return [name_of[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full device state, fetched to CPU: params, buffers, optimizer, scaler, global step.
+
+        Layout: ``{"format", "global_step", "params": {name: tensor}, "buffers": {name: tensor},
+        "param_names": [names in the optimizer's numbering], "optimizer": torch optimizer state_dict or None,
+        "scaler": dict or None}``.
+        """
+        cpu = torch.device("cpu")
+
+        def fetch(obj: Any) -> Any:
+            return pytree.tree_map(lambda t: t.detach().to(cpu).clone() if isinstance(t, torch.Tensor) else t, obj)
+
+        return {
+            "format": STATE_FORMAT,
+            "global_step": self._step,
+            "params": {n: p.detach().to(cpu).clone() for n, p in self.module.named_parameters()},
+            "buffers": {n: b.detach().to(cpu).clone() for n, b in self.module.named_buffers()},
+            "param_names": self._optimizer_param_names(),
+            "optimizer": fetch(self.optimizer.state_dict()) if self.optimizer is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
+        """Load :meth:`state_dict` output back onto the device.
+
+        ``strict`` requires every parameter and buffer; ``load_optimizer=False`` keeps the
+        optimizer, scaler and global step as they are (a pretrained start).
+        """
+        params = dict(self.module.named_parameters())
+        buffers = dict(self.module.named_buffers())
+        given = {**state.get("params", {}), **state.get("buffers", {})}
+        if strict:
+            missing = sorted((set(params) | set(buffers)) - set(given))
+            unexpected = sorted(set(given) - set(params) - set(buffers))
+            if missing or unexpected:
+                raise SpecError(f"state does not match the program: missing {missing}, unexpected {unexpected}")
+        with torch.no_grad():
+            for name, value in given.items():
+                target = params.get(name, buffers.get(name))
+                if target is None:
+                    continue
+                if tuple(target.shape) != tuple(value.shape):
+                    raise SpecError(f"state {name}: shape {tuple(value.shape)}, program has {tuple(target.shape)}")
+                target.copy_(value.to(target.dtype))
+        if not load_optimizer:
+            return
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        step = int(state.get("global_step", self._step))
+        if step < 0 or not math.isfinite(step):
+            raise SpecError(f"global_step must be >= 0, got {step}")
+        self._step = step
+        self.global_step.fill_(step)

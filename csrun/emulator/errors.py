@@ -1,0 +1,66 @@
+"""Errors the wafer emulator raises.
+
+User-fixable problems derive from :class:`csrun.errors.UserError` (a bad spec value, a
+device tensor read outside a step closure, a system that cannot be reached or is busy).
+Failures of the device itself (a step that raised, a lost link) are :class:`DeviceError`.
+"""
+
+from __future__ import annotations
+
+from csrun.errors import UserError
+
+READ_HINT = (
+    "device tensors have no value until the step they belong to has run on the system; "
+    "read them in a step closure (use cbtorch.add_step_closure / @step_closure)"
+)
+"""The hint every refused read of a device tensor carries, as the system said it."""
+
+
+class SpecError(UserError):
+    """A program spec value the emulator cannot run (bad schedule, optimizer key, precision)."""
+
+
+class DeviceTensorReadError(UserError):
+    """A device tensor's value was read outside a step closure."""
+
+
+class ProgramRejected(UserError):
+    """A program archive that the emulator refuses to load (it needs full unpickling, or is damaged)."""
+
+
+class SystemUnreachable(UserError):
+    """No emulator answered at the given address within the retry window."""
+
+    exit_code = 1
+
+
+class SystemBusy(UserError):
+    """The emulator is serving another job."""
+
+    exit_code = 1
+
+
+class AuthenticationFailed(UserError):
+    """The emulator refused the token."""
+
+    exit_code = 1
+
+
+class DeviceError(RuntimeError):
+    """The device failed: a step raised, or the link to a remote device broke."""
+
+
+class StepFailed(DeviceError):
+    """A step raised on the device; re-raised on the caller at the next step boundary."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(f"step {step} failed on the device: {message}")
+        self.step = step
+
+
+class LinkLost(DeviceError):
+    """The connection to a remote emulator broke."""
+
+
+class ProtocolError(Exception):
+    """A frame that breaks the wire protocol (bad magic, size over a limit, malformed header)."""

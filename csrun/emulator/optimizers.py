@@ -1,0 +1,285 @@
+"""Optimizers: the legacy ``optimizer_type`` list built from an :class:`OptimizerSpec`.
+
+Names are case-insensitive and map to ``torch.optim`` classes where one exists (``Adafactor`` is
+``torch.optim.Adafactor``). LAMB is not in torch: :class:`Lamb` implements the legacy model zoo's
+form (LAMB v3, no bias correction, weight norm clamped to [0, 10]). AdamW with
+``correct_bias: false`` (the model zoo's default) is :class:`AdamWNoBiasCorrection`; otherwise
+``torch.optim.AdamW``.
+
+Hyperparameters may use torch keyword names or the legacy params keys, which are mapped:
+``beta1``/``beta2`` -> ``betas``; ``weight_decay_rate`` -> ``weight_decay``; ``use_nesterov`` ->
+``nesterov``; ``eta1``/``eta2`` -> ``etas``; ``step_size_min``/``step_size_max`` ->
+``step_sizes``; Adafactor ``eps1``/``eps2`` -> ``eps``, ``decay_rate`` -> ``beta2_decay``,
+``clip_threshold`` -> ``d``; ``exclude_from_weight_decay`` (list of name substrings) puts matching
+parameters in a group with weight decay 0. Unknown keys are errors listing the valid ones.
+
+Optimizer state is created before the first step (:func:`preinitialize_state`), as the system
+required: stateful tensors must exist before the program runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from csrun.emulator.errors import SpecError
+
+OPTIMIZERS: dict[str, str] = {
+    "sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adamax": "Adamax", "adadelta": "Adadelta",
+    "adafactor": "Adafactor", "adagrad": "Adagrad", "asgd": "ASGD", "lamb": "Lamb", "radam": "RAdam",
+    "nadam": "NAdam", "rmsprop": "RMSprop", "rprop": "Rprop",
+}
+"""Legacy ``optimizer_type`` (lower case) to class name."""
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019, v3 of the paper) as the legacy model zoo ran it.
+
+    Per parameter: ``m = b1 m + (1-b1) g``; ``v = b2 v + (1-b2) g^2`` (no bias correction);
+    ``u = m / (sqrt(v) + eps) + wd * p``; ``r = clamp(||p||, 0, 10) / ||u||`` (1 when either norm
+    is 0, or always 1 when ``adam``); ``p -= lr * r * u``. State is zero-initialised eagerly.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        adam: bool = False,
+    ) -> None:
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1) or not (0 <= betas[1] < 1):
+            raise SpecError(f"lamb: invalid hyperparameters lr={lr} eps={eps} betas={betas}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, adam=adam))
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["exp_avg"] = torch.zeros_like(p)
+                self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Apply one LAMB update to every parameter with a gradient."""
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                st = self.state[p]
+                if "exp_avg" not in st:
+                    st["exp_avg"] = torch.zeros_like(p)
+                    st["exp_avg_sq"] = torch.zeros_like(p)
+                m, v = st["exp_avg"], st["exp_avg_sq"]
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                update = m / v.sqrt().add_(group["eps"])
+                if group["weight_decay"] != 0:
+                    update.add_(p, alpha=group["weight_decay"])
+                if group["adam"]:
+                    p.sub_(update, alpha=group["lr"])
+                    continue
+                w_norm = p.norm().clamp(0, 10)
+                u_norm = update.norm()
+                one = torch.ones((), dtype=w_norm.dtype, device=w_norm.device)
+                ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, one)
+                p.sub_(update * (ratio * group["lr"]))
+        return loss
+
+
+class AdamWNoBiasCorrection(torch.optim.Optimizer):
+    """AdamW without bias correction (the model zoo's ``correct_bias: false``, the BERT/HF form):
+    ``m = b1 m + (1-b1) g``; ``v = b2 v + (1-b2) g^2``; ``p -= lr * m / (sqrt(v) + eps)``;
+    then ``p -= lr * wd * p`` (decoupled decay). State is zero-initialised eagerly."""
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["exp_avg"] = torch.zeros_like(p)
+                self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Apply one update to every parameter with a gradient."""
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                m, v = st["exp_avg"], st["exp_avg_sq"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-group["lr"])
+                if group["weight_decay"] != 0:
+                    p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+        return loss
+
+
+def _class_for(name: str, hp: dict[str, Any]) -> type[torch.optim.Optimizer]:
+    if name == "lamb":
+        return Lamb
+    if name == "adamw" and hp.get("correct_bias", True) is False:
+        return AdamWNoBiasCorrection
+    return getattr(torch.optim, OPTIMIZERS[name])
+
+
+def _map_legacy(name: str, hp: dict[str, Any]) -> dict[str, Any]:
+    """Legacy params keys to torch keyword arguments."""
+    out = dict(hp)
+    if "beta1" in out or "beta2" in out:
+        if name == "adafactor":
+            if out.pop("beta1", None) is not None:
+                raise SpecError("optimizer: adafactor beta1 is not supported by torch.optim.Adafactor (leave it unset)")
+        else:
+            default = (0.9, 0.999)
+            out["betas"] = (float(out.pop("beta1", default[0])), float(out.pop("beta2", default[1])))
+    if "weight_decay_rate" in out:
+        out["weight_decay"] = out.pop("weight_decay_rate")
+    if "use_nesterov" in out:
+        out["nesterov"] = out.pop("use_nesterov")
+    if "eta1" in out or "eta2" in out:
+        out["etas"] = (float(out.pop("eta1", 0.5)), float(out.pop("eta2", 1.2)))
+    if "step_size_min" in out or "step_size_max" in out:
+        out["step_sizes"] = (float(out.pop("step_size_min", 1e-6)), float(out.pop("step_size_max", 50.0)))
+    if name == "adafactor":
+        if "eps1" in out or "eps2" in out:
+            out["eps"] = (out.pop("eps1", None), float(out.pop("eps2", 1e-3)))
+        if "decay_rate" in out:
+            out["beta2_decay"] = out.pop("decay_rate")
+        if "clip_threshold" in out:
+            out["d"] = out.pop("clip_threshold")
+        for key, ok in (("scale_parameter", False), ("relative_step", False), ("warmup_init", False)):
+            if key in out:
+                if out.pop(key) != ok:
+                    raise SpecError(
+                        f"optimizer: adafactor {key}: true is not supported by torch.optim.Adafactor; set it to false"
+                    )
+    if name in ("adamw",):
+        out.pop("correct_bias", None)
+    elif "correct_bias" in out:
+        raise SpecError(f"optimizer: correct_bias applies to adamw only, not {name}")
+    for key in ("betas", "etas", "step_sizes", "eps"):
+        if isinstance(out.get(key), list):
+            out[key] = tuple(out[key])
+    return out
+
+
+def build_optimizer(
+    optimizer_type: str,
+    hyperparameters: dict[str, Any],
+    named_params: Sequence[tuple[str, torch.nn.Parameter]],
+    *,
+    lr: float,
+) -> torch.optim.Optimizer:
+    """Build the optimizer named ``optimizer_type`` over ``named_params`` with initial ``lr``.
+
+    Raises :class:`SpecError` for an unknown type or keyword (naming the valid ones).
+    """
+    name = str(optimizer_type).lower()
+    if name not in OPTIMIZERS:
+        raise SpecError(
+            f"optimizer: unknown optimizer_type {optimizer_type!r}; valid choices: {', '.join(OPTIMIZERS)} "
+            f"(case-insensitive)"
+        )
+    hp = dict(hyperparameters or {})
+    hp.pop("lr", None)
+    hp.pop("learning_rate", None)
+    exclude = hp.pop("exclude_from_weight_decay", None) or []
+    if isinstance(exclude, str):
+        exclude = [exclude]
+    cls = _class_for(name, hp)
+    kwargs = _map_legacy(name, hp)
+    sig = inspect.signature(cls.__init__)
+    valid = [p for p in sig.parameters if p not in ("self", "params", "lr", "defaults")]
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise SpecError(
+            f"optimizer: {name} does not take {unknown}; valid keys: {', '.join(valid)} "
+            f"(legacy spellings beta1/beta2, weight_decay_rate, ... are mapped)"
+        )
+    params = [p for _, p in named_params]
+    if exclude:
+        decay = [p for n, p in named_params if not any(x in n for x in exclude)]
+        no_decay = [p for n, p in named_params if any(x in n for x in exclude)]
+        groups: list[dict[str, Any]] = [{"params": decay}]
+        if no_decay:
+            groups.append({"params": no_decay, "weight_decay": 0.0})
+        target: Any = [g for g in groups if g["params"]]
+    else:
+        target = params
+    try:
+        return cls(target, lr=lr, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"optimizer: {name}: {exc}") from None
+
+
+def preinitialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state before the first step.
+
+    torch optimizers create state lazily inside ``step()``. Here one dry step runs with zero
+    gradients and weight decay switched off, parameters are restored, and the counters it moved
+    are rewound (``step`` to 0, NAdam ``mu_product`` to 1, ASGD ``eta`` to the lr, ``mu`` to 1,
+    ``ax`` to 0). The state is then exactly what the first real step would have created, so
+    training matches an eager loop bit for bit. Optimizers that create state eagerly
+    (:class:`Lamb`, :class:`AdamWNoBiasCorrection`) are left alone.
+    """
+    if isinstance(optimizer, (Lamb, AdamWNoBiasCorrection)):
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    saved = [p.detach().clone() for p in params]
+    saved_grads = [p.grad for p in params]
+    saved_wd = [g.get("weight_decay") for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        if "weight_decay" in g:
+            g["weight_decay"] = 0.0
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+    finally:
+        with torch.no_grad():
+            for p, s, gr in zip(params, saved, saved_grads):
+                p.copy_(s)
+                p.grad = gr
+        for g, wd in zip(optimizer.param_groups, saved_wd):
+            if wd is not None:
+                g["weight_decay"] = wd
+    lr_of = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    for p, st in optimizer.state.items():
+        for key, val in list(st.items()):
+            if key == "step":
+                if torch.is_tensor(val):
+                    val.zero_()
+                else:
+                    st[key] = 0
+            elif key == "mu_product" or (key == "mu" and isinstance(optimizer, torch.optim.ASGD)):
+                if torch.is_tensor(val):
+                    val.fill_(1.0)
+                else:
+                    st[key] = 1.0
+            elif key == "eta" and isinstance(optimizer, torch.optim.ASGD):
+                val.fill_(float(lr_of[id(p)]))
+            elif key == "ax" and isinstance(optimizer, torch.optim.ASGD):
+                val.zero_()
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every group's learning rate (the schedule's value for this step)."""
+    if not math.isfinite(lr):
+        raise SpecError(f"learning_rate: the schedule gave a non-finite value {lr}")
+    for g in optimizer.param_groups:
+        g["lr"] = lr

@@ -1,0 +1,104 @@
+"""Small models, programs and an eager reference loop for the emulator tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
+
+
+class MLP(nn.Module):
+    """A two-layer classifier whose forward(batch) returns the loss."""
+
+    def __init__(self, d_in: int = 12, hidden: int = 24, classes: int = 5) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(d_in, hidden)
+        self.l2 = nn.Linear(hidden, classes)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.l2(torch.tanh(self.l1(x))), y)
+
+
+class TinyTransformer(nn.Module):
+    """One encoder layer over token embeddings, masked-LM style loss; returns (loss, logits)."""
+
+    def __init__(self, vocab: int = 32, d: int = 16, seq: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(seq, d) * 0.02)
+        self.enc = nn.TransformerEncoderLayer(d, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.enc(self.emb(batch["input_ids"]) + self.pos)
+        logits = self.head(self.norm(h))
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1))
+        return loss, logits
+
+
+def mlp_batches(n: int, *, seed: int = 0, bs: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` random classification batches."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(bs, 12, generator=g), torch.randint(0, 5, (bs,), generator=g)) for _ in range(n)]
+
+
+def lm_batches(n: int, *, seed: int = 0, bs: int = 4) -> list[dict[str, torch.Tensor]]:
+    """``n`` random token batches."""
+    g = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(0, 32, (bs, 8), generator=g),
+             "labels": torch.randint(0, 32, (bs, 8), generator=g)} for _ in range(n)]
+
+
+def make_spec(**spec_kw: Any) -> ProgramSpec:
+    """A train spec: float32, SGD, lr 0.01 unless given."""
+    kw: dict[str, Any] = dict(optimizer=OptimizerSpec(type="sgd", hyperparameters={}), learning_rate=0.01,
+                              precision="float32")
+    kw.update(spec_kw)
+    return ProgramSpec(**kw)
+
+
+def make_program(model: nn.Module, batch: Any, **spec_kw: Any) -> tuple[torch.export.ExportedProgram, ProgramSpec]:
+    """Export ``model`` on ``batch`` (its forward(batch) returns the loss) and build a spec."""
+    return torch.export.export(model, (batch,)), make_spec(**spec_kw)
+
+
+def eager_losses(model: nn.Module, batches: list[Any], make_opt: Callable[[list], torch.optim.Optimizer],
+                 lr_at: Callable[[int], float], *, autocast: torch.dtype | None = None) -> tuple[list[float], nn.Module]:
+    """Train a copy of ``model`` eagerly; returns the losses and the trained copy."""
+    m = copy.deepcopy(model)
+    opt = make_opt(list(m.parameters()))
+    losses = []
+    for step, b in enumerate(batches):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            out = m(b)
+        loss = out[0] if isinstance(out, tuple) else out
+        opt.zero_grad()
+        loss.float().backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, m
+
+
+def input_specs(batch: Any) -> tuple[TensorSpec, ...]:
+    """The spec's input schema for ``batch`` (leaves in pytree order)."""
+    from torch.utils import _pytree as pytree
+
+    leaves, _ = pytree.tree_flatten_with_path(batch)
+    return tuple(TensorSpec(path=pytree.keystr(p), dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape))
+                 for p, t in leaves)
+
+
+def quiet(_msg: str) -> None:
+    """A notice sink."""
+
+
+__all__ = ["MLP", "TinyTransformer", "mlp_batches", "lm_batches", "make_program", "make_spec", "eager_losses", "quiet", "input_specs",
+           "OptimizerSpec", "ProgramSpec", "LossScalingSpec"]
