@@ -33,9 +33,13 @@ def shown(argv: Sequence[str]) -> str:
     return shlex.join(list(argv))
 
 
-def run_child(argv: Sequence[str], env: dict[str, str]) -> int:
-    """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP on to it; its exit code (128+N for signal N)."""
-    child = subprocess.Popen(list(argv), env=env)
+def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False) -> int:
+    """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP on to it; its exit code (128+N for signal N).
+
+    ``keep_fds``: the child inherits every open file descriptor (an MPI task needs the PMI
+    socket srun gave this process, named by ``PMI_FD``).
+    """
+    child = subprocess.Popen(list(argv), env=env, close_fds=not keep_fds)
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.getsignal(s) for s in forwarded}
 

@@ -28,6 +28,12 @@ word that is not an option):
     How many nodes run exactly one task; must be less than the number of nodes.
 ``--cyclic``
     ``--distribution=cyclic`` for the worker component (default block).
+``--emulator [DEVICE]``
+    Start a ``cs_emulator`` for this job on the chief's node (``DEVICE``: ``cpu`` (default),
+    ``cuda``, ``cuda:I``), with a token generated for the job (``CSRUN_EMULATOR_TOKEN`` in
+    every task's environment) and ``CS_IP`` pointing the chief at it; it is stopped when the
+    job ends, whatever the exit. Every task runs under ``python -m csrun.launch.job_emulator``
+    (see there).
 ``--mount-dirs a,b``
     Extra container binds, added to the site's (passed on as ``CSRUN_MOUNT_DIRS``).
 ``--logging True/False`` (default True)
@@ -64,6 +70,7 @@ Exit codes: the step's (non-zero when any task fails: ``--kill-on-bad-exit`` end
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -124,9 +131,14 @@ def _body(argv: list[str]) -> int:
         launcher=PROG, mode="slurm" if use_slurm else "local", site=site, extra_mounts=opts.mount_dirs,
         total_tasks=layout.total_tasks, total_nodes=layout.total_nodes,
     )
+    command = list(parsed.command)
+    if opts.emulator:
+        env["CSRUN_EMULATOR_TOKEN"] = secrets.token_urlsafe(32)
+        env.pop("CS_IP", None)
+        command = [sys.executable, "-m", "csrun.launch.job_emulator", "--device", opts.emulator, "--", *command]
     if opts.use_sbatch:
         log_dir = Path(opts.log_dir).resolve()
-        script = hetjob_script(parsed.command, layout, site, job_name=opts.job_name or PROG, log_dir=log_dir, time=opts.time, cwd=os.getcwd())
+        script = hetjob_script(command, layout, site, job_name=opts.job_name or PROG, log_dir=log_dir, time=opts.time, cwd=os.getcwd())
         if opts.dry_run:
             say(script)
             return 0
@@ -134,10 +146,10 @@ def _body(argv: list[str]) -> int:
         say(f"Submitted batch job {sub.job_id}; logs in {sub.log_folder}")
         return wait_for_hetjob(sub) if opts.wait else 0
     if use_slurm:
-        line = wse_srun_argv(parsed.command, layout, site)
+        line = wse_srun_argv(command, layout, site)
     else:
         say(f"{PROG}: no Slurm here ({status.reason}); running the {layout.total_tasks} tasks locally under mpiexec.")
-        line = mpiexec_argv(find_mpiexec(), parsed.command, layout)
+        line = mpiexec_argv(find_mpiexec(), command, layout)
     if opts.logging or opts.dry_run:
         say(f"Launching: {shown(line)}")
     if opts.dry_run:

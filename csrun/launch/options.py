@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
@@ -26,9 +27,17 @@ _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
 
 
-def _opt(default: Any, help: str, *, flag: bool = False) -> Any:
-    """A dataclass field that is also a command-line option (``flag``: takes no value)."""
-    return field(default=default, metadata={"help": help, "flag": flag})
+def _opt(default: Any, help: str, *, flag: bool = False, optional: str | None = None) -> Any:
+    """A dataclass field that is also a command-line option.
+
+    ``flag``: takes no value. ``optional``: the value may be left out; then this is the
+    value, and the next word is taken as the value only when it matches ``OPTIONAL_VALUE``.
+    """
+    return field(default=default, metadata={"help": help, "flag": flag, "optional": optional})
+
+
+OPTIONAL_VALUE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+"""What an option with an optional value accepts as its next word (device names)."""
 
 
 @dataclass(kw_only=True)
@@ -62,6 +71,7 @@ class WseOptions(CommonOptions):
     cpus_per_task: int | None = _opt(None, "CPUs per task (default: site, or worked out from --tasks-per-node)")
     single_task_nodes: int = _opt(0, "how many nodes run exactly one task; must be less than the number of nodes")
     cyclic: bool = _opt(False, "distribute the worker tasks cyclically (--distribution=cyclic)", flag=True)
+    emulator: str = _opt("", "[DEVICE] start a cs_emulator for the job on the chief's node (cpu, cuda, cuda:I; default cpu)", optional="cpu")
 
 
 SITE_QUERIES: dict[str, Callable[[SiteConfig], str]] = {
@@ -100,7 +110,7 @@ def help_text(prog: str, cls: type[CommonOptions], summary: str) -> str:
     """The ``--help`` text: usage, every option with its default, and the site queries."""
     lines = [f"usage: {prog} [options] COMMAND [ARGS...]", "", summary, "", "options (dash or underscore spelling; --opt val or --opt=val):"]
     for f in dataclasses.fields(cls):
-        value = "" if f.metadata["flag"] else " VALUE"
+        value = "" if f.metadata["flag"] else (" [VALUE]" if f.metadata.get("optional") else " VALUE")
         default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
         lines.append(f"  {_spelling(f.name)}{value}  {f.metadata['help']} (default: {default!r})")
     lines.append("  -h, --help  show this help and exit")
@@ -153,6 +163,19 @@ def parse_args(argv: list[str], cls: type[OptionsT], prog: str) -> ParsedArgs:
             hint = f" Did you mean {close[0]}?" if close else ""
             raise UsageError(f"unknown option {word!r}.{hint} Valid options: {' '.join(known)} (see {prog} --help)")
         f = fields[name]
+        if f.metadata.get("optional") is not None:
+            if has_value:
+                raw = inline
+            elif i + 1 < len(argv) and OPTIONAL_VALUE.match(argv[i + 1]):
+                raw = argv[i + 1]
+                i += 1
+            else:
+                raw = f.metadata["optional"]
+            if not OPTIONAL_VALUE.match(raw):
+                raise UsageError(f"option {_spelling(name)}: {raw!r} is not a device (cpu, cuda or cuda:I)")
+            values[name] = raw
+            i += 1
+            continue
         if f.metadata["flag"]:
             if has_value:
                 values[name] = _convert(name, "bool", inline)

@@ -18,6 +18,8 @@ def all_spellings(name: str) -> list[str]:
 def test_every_wse_option_in_every_spelling(field: dataclasses.Field) -> None:
     value = {"int | None": ("3", 3), "int": ("1", 1), "bool": ("False", False), "str": ("x", "x"), "tuple[str, ...]": ("/a,/b", ("/a", "/b"))}
     raw, expected = value[str(field.type)]
+    if field.metadata.get("optional"):
+        raw, expected = "cuda:1", "cuda:1"
     if field.metadata["flag"]:
         raw, expected = None, True
     for spelling in all_spellings(field.name):
@@ -76,3 +78,14 @@ def test_bad_input_names_the_value(argv: list[str], needle: str) -> None:
         parse_args(argv, WseOptions, "csrun_wse")
     assert needle in str(err.value)
     assert err.value.exit_code == 2
+
+
+def test_emulator_device_is_optional() -> None:
+    parsed = parse_args(["--emulator", "python-pt", "run.py"], WseOptions, "csrun_wse")
+    assert parsed.options.emulator == "cpu" and parsed.command == ["python-pt", "run.py"]
+    parsed = parse_args(["--emulator", "cuda", "python-pt"], WseOptions, "csrun_wse")
+    assert parsed.options.emulator == "cuda" and parsed.command == ["python-pt"]
+    assert parse_args(["--emulator=cuda:0", "x"], WseOptions, "csrun_wse").options.emulator == "cuda:0"
+    assert parse_args(["x"], WseOptions, "csrun_wse").options.emulator == ""
+    with pytest.raises(UsageError, match="'tpu' is not a device"):
+        parse_args(["--emulator=tpu", "x"], WseOptions, "csrun_wse")
