@@ -8,19 +8,42 @@ import subprocess
 import sys
 from typing import Callable, Sequence
 
-from csrun.errors import UserError
+from csrun.errors import LaunchError, UserError
 
 
-def run_cli(prog: str, body: Callable[[], int]) -> int:
-    """Run a command's body; a :class:`UserError` becomes ``prog: error: ...`` on stderr and its exit code."""
+def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
+    """Run a command's body on ``argv`` (default ``sys.argv[1:]``); a :class:`UserError` becomes
+    ``prog: error: ...`` on stderr and its exit code."""
     try:
-        return body()
+        return body(sys.argv[1:] if argv is None else list(argv))
     except UserError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return 130
+
+
+def console_entry(main: Callable[[], int]) -> Callable[[], None]:
+    """The console-script function for a command's ``main``: exits with its code."""
+
+    def console_main() -> None:
+        sys.exit(main())
+
+    console_main.__doc__ = f"The console script of {main.__module__}."
+    return console_main
+
+
+def show_and_run(label: str, line: list[str], env: dict[str, str], *, echo: bool, dry_run: bool) -> int:
+    """Print ``<label>: <line>`` (when ``echo`` or ``dry_run``), then run it unless ``dry_run``."""
+    if echo or dry_run:
+        say(f"{label}: {shown(line)}")
+    if dry_run:
+        return 0
+    try:
+        return run_child(line, env)
+    except FileNotFoundError:
+        raise LaunchError(f"command not found: {line[0]!r}") from None
 
 
 def say(line: str) -> None:

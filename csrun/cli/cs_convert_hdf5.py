@@ -58,11 +58,10 @@ interrupted.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import NoReturn
 
-from csrun.cli.common import run_cli, say
+from csrun.cli.common import console_entry, run_cli, say
 from csrun.data.convert import ConvertConfig, convert
 from csrun.data.formats import FORMATS
 from csrun.errors import UsageError
@@ -120,12 +119,10 @@ def _body(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """cs_convert_hdf5's entry point; returns the exit code."""
-    return run_cli(PROG, lambda: _body(sys.argv[1:] if argv is None else list(argv)))
+    return run_cli(PROG, _body, argv)
 
 
-def console_main() -> None:
-    """The console script."""
-    sys.exit(main())
+console_main = console_entry(main)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import sys
 
-from csrun.cli.common import run_child, run_cli, say, shown
+from csrun.cli.common import console_entry, run_cli, say, show_and_run, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch import sbatch
 from csrun.launch.environment import task_environment
@@ -108,24 +108,15 @@ def _body(argv: list[str]) -> int:
         line = cpu_srun_argv(parsed.command, site, exclude_gres=opts.exclude_gres, pty=pty)
     else:
         line = list(parsed.command)
-    if opts.logging or opts.dry_run:
-        say(f"Running: {shown(line)}")
-    if opts.dry_run:
-        return 0
-    try:
-        return run_child(line, env)
-    except FileNotFoundError:
-        raise LaunchError(f"command not found: {line[0]!r}") from None
+    return show_and_run("Running", line, env, echo=opts.logging, dry_run=opts.dry_run)
 
 
 def main(argv: list[str] | None = None) -> int:
     """csrun_cpu's entry point; returns the exit code."""
-    return run_cli(PROG, lambda: _body(sys.argv[1:] if argv is None else list(argv)))
+    return run_cli(PROG, _body, argv)
 
 
-def console_main() -> None:
-    """The console script."""
-    sys.exit(main())
+console_main = console_entry(main)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from csrun.cli.common import run_child, run_cli, say, shown
+from csrun.cli.common import console_entry, run_cli, say, show_and_run
 from csrun.errors import LaunchError, UsageError
 from csrun.launch.environment import task_environment
 from csrun.launch.hetjob import hetjob_script, submit_hetjob, wait_for_hetjob
@@ -150,24 +150,15 @@ def _body(argv: list[str]) -> int:
     else:
         say(f"{PROG}: no Slurm here ({status.reason}); running the {layout.total_tasks} tasks locally under mpiexec.")
         line = mpiexec_argv(find_mpiexec(), command, layout)
-    if opts.logging or opts.dry_run:
-        say(f"Launching: {shown(line)}")
-    if opts.dry_run:
-        return 0
-    try:
-        return run_child(line, env)
-    except FileNotFoundError:
-        raise LaunchError(f"command not found: {line[0]!r}") from None
+    return show_and_run("Launching", line, env, echo=opts.logging, dry_run=opts.dry_run)
 
 
 def main(argv: list[str] | None = None) -> int:
     """csrun_wse's entry point; returns the exit code."""
-    return run_cli(PROG, lambda: _body(sys.argv[1:] if argv is None else list(argv)))
+    return run_cli(PROG, _body, argv)
 
 
-def console_main() -> None:
-    """The console script."""
-    sys.exit(main())
+console_main = console_entry(main)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import sys
 
-from csrun.cli.common import run_cli
+from csrun.cli.common import console_entry, run_cli
 from csrun.cluster import cluster_info
 from csrun.launch.container import plan_for_this_task
 from csrun.site import load_site_config
@@ -60,12 +60,10 @@ def _body(args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """python-pt's entry point (execs the command; returns only on error)."""
-    return run_cli(PROG, lambda: _body(sys.argv[1:] if argv is None else list(argv)))
+    return run_cli(PROG, _body, argv)
 
 
-def console_main() -> None:
-    """The console script."""
-    sys.exit(main())
+console_main = console_entry(main)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def _body(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The wrapper's entry point; returns COMMAND's exit code."""
-    return run_cli(PROG, lambda: _body(sys.argv[1:] if argv is None else list(argv)))
+    return run_cli(PROG, _body, argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from csrun.cli import csrun_cpu, csrun_wse, python_pt
+from csrun.cli import csrun_cpu, csrun_wse
 
 
 @pytest.fixture()
