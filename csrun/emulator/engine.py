@@ -77,6 +77,25 @@ def _move_constants(module: torch.fx.GraphModule, device: torch.device) -> None:
             setattr(owner, leaf, value.to(device))
 
 
+def drop_metadata_asserts(module: torch.fx.GraphModule) -> int:
+    """Remove ``aten._assert_tensor_metadata`` checks from the graph; how many were removed.
+
+    torch.export records a ``.float()`` / ``.to(dtype)`` in the forward as an assertion that
+    its input has the dtype and device seen at capture. The device runs the graph under
+    autocast (float16 / bfloat16) and on other devices (cuda), where those facts no longer
+    hold although the graph is right, so the assertions are dropped; the casts stay.
+    """
+    target = torch.ops.aten._assert_tensor_metadata.default
+    removed = 0
+    for node in list(module.graph.nodes):
+        if node.op == "call_function" and node.target is target and not node.users:
+            module.graph.erase_node(node)
+            removed += 1
+    if removed:
+        module.recompile()
+    return removed
+
+
 class Engine:
     """Executes one program on one device; see the module docstring for the step's phases."""
 
@@ -103,6 +122,7 @@ class Engine:
             getattr(spec, "precision", "float16"), bool(getattr(spec, "mixed_precision", True)), self.notice
         )
         module = program.module()
+        drop_metadata_asserts(module)
         if self.precision == "cbfloat16":
             precision.apply_cbfloat16(module)
         module.to(self.device)
