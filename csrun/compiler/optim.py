@@ -24,8 +24,11 @@ TORCH_OPTIMIZER_TYPES: dict[str, str] = {
 """torch.optim class name -> legacy optimizer type. (torch has no LAMB; LBFGS and SparseAdam
 have no legacy counterpart.)"""
 
-_IMPLEMENTATION_KEYS = frozenset({"params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable"})
-"""param_group keys that are not hyperparameters of the update rule."""
+_IMPLEMENTATION_KEYS = frozenset({
+    "params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable", "decoupled_weight_decay",
+})
+"""param_group keys that are not hyperparameters of the update rule (``decoupled_weight_decay``
+is carried by the type instead: torch's Adam with it on is AdamW)."""
 
 _PARAMS_KEYS = frozenset({
     "optimizer_type", "learning_rate", "momentum", "weight_decay_rate", "beta1", "beta2", "eps",
@@ -103,6 +106,8 @@ def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.
     if kind is None:
         raise unsupported_optimizer_error(optimizer)
     groups = optimizer.param_groups
+    if kind == "adam" and groups[0].get("decoupled_weight_decay"):
+        kind = "adamw"
     base = _hyperparameters(groups[0])
     param_groups: list[dict[str, Any]] = []
     if len(groups) > 1:

@@ -5,29 +5,61 @@ and under Slurm (``srun --mpi=pmi2``): rank 0 is the chief, every other rank a s
 
     import csrun.torch as cbtorch
 
-    cbtorch.initialize(cs_ip=args.cs_ip)          # None: eager PyTorch on the CPU
-    model = cbtorch.module(MyModel())
+    cbtorch.initialize(cs_ip=args.cs_ip)          # the path: see the table below
+    model = cbtorch.module(MyModel())             # forward(batch) returns the loss
     opt = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
     loader = cbtorch.dataloader(torch.utils.data.DataLoader(ds, batch_size=64, drop_last=True))
 
     @cbtorch.step_closure
     def log(loss):
-        cbtorch.master_print(float(loss))
+        cbtorch.master_print(cbtorch.global_step(), float(loss))
 
     with cbtorch.Session(loader, mode="train"):   # streamers stream here and exit 0
-        for inputs, labels in loader:               # chief: batches from the streamers
+        for batch in loader:                        # chief: batches from the streamers
             opt.zero_grad()
-            loss = loss_fn(model(inputs), labels)
+            loss = model(batch)
             loss.backward()
             opt.step()
             log(loss)                               # runs at the end of this step
+    state = cbtorch.get_state()                     # {"model", "optimizer", "amp", "global_step"}
+
+Which path the chief takes (``initialize(cs_ip=None, *, compile_only=False,
+validate_only=False, settings=None, model_dir=None, compile_dir=None, device="cpu",
+queue_depth=2)``; details in :mod:`csrun.torch.paths`):
+
+=============================================================  ==================================
+``compile_only=True`` / ``validate_only=True``                 compile/validate at the first
+                                                               ``model(batch)``, print the legacy
+                                                               messages, stop the streamers,
+                                                               ``SystemExit(0 or 1)``
+``cs_ip="embedded"``                                           EmbeddedDevice in this process
+``cs_ip=None``, ``CS_IP`` unset, ``CSRUN_LAUNCHER=csrun_wse``  EmbeddedDevice in this process
+``cs_ip="HOST[:PORT]"`` or ``CS_IP=HOST[:PORT]``               RemoteDevice (cs_emulator server)
+otherwise (``csrun_cpu``, plain ``python``)                    eager PyTorch on the CPU
+=============================================================  ==================================
+
+On the device the model's ``forward(batch)`` must return the loss (or a dict with a
+``"loss"`` key): the first ``model(batch)`` in the Session captures and compiles it
+(:mod:`csrun.torch.device_backend`); later calls only send the batch and return device-tensor
+handles, read in step closures. ``loss.backward()``, ``optimizer.step()`` and
+``optimizer.zero_grad()`` are checked for order and otherwise do nothing there: the device
+runs backward, the optimizer, the learning-rate schedule, clipping and loss scaling itself.
+On the CPU with ``settings`` the same schedule and clipping apply to the torch optimizer.
+
+State and step (both paths): :func:`global_step` (optimizer steps taken),
+:func:`get_state` (``{"model", "optimizer", "amp", "global_step"}``, the legacy checkpoint
+keys, see :mod:`csrun.torch.legacy_state`), :func:`set_state` (before or between steps),
+:func:`compile_info` (compile seconds and the estimated samples/s, for performance.json).
 
 Public names: :func:`initialize`, :func:`module`, :func:`optimizer`, :func:`dataloader`,
-:class:`Session`, :func:`add_step_closure`, :func:`step_closure` and the helpers of
+:class:`Session`, :func:`add_step_closure`, :func:`step_closure`, :func:`global_step`,
+:func:`get_state`, :func:`set_state`, :func:`compile_info` and the helpers of
 :mod:`csrun.torch.helpers`. Errors a user can fix derive from
 :class:`csrun.errors.UserError`. Environment variables: those of :mod:`csrun.cluster`
-(rank, size, node) and :mod:`csrun.stream.wire` (``CSRUN_STREAM_TIMEOUT``,
-``CSRUN_STREAM_ERROR_GRACE``). mpi4py is loaded only when the job has more than one task.
+(rank, size, node, ``CSRUN_LAUNCHER``, ``SLURM_JOB_ID``) and :mod:`csrun.stream.wire`
+(``CSRUN_STREAM_TIMEOUT``, ``CSRUN_STREAM_ERROR_GRACE``); ``CS_IP`` (the device address when
+``cs_ip`` is not given) and ``CSRUN_EMULATOR_TOKEN`` (or ``~/.csrun/emulator.token``: the
+token a remote device wants). mpi4py is loaded only when the job has more than one task.
 """
 
 from __future__ import annotations
@@ -41,9 +73,21 @@ from csrun.stream.errors import BatchError, StreamError
 from csrun.stream.stats import StreamStats
 from csrun.torch.backend import Backend, DeviceOptions, EagerBackend, StepClosure, register_device_backend
 from csrun.torch.closures import add_step_closure, step_closure
+from csrun.torch.compile_info import CompileInfo
 from csrun.torch.dataloader import StreamingDataLoader, dataloader
-from csrun.torch.helpers import (get_ordinal, get_streaming_rank, is_master_ordinal, is_streamer, master_print,
-                                 mesh_reduce, num_streamers, num_tasks, rendezvous, task_id, use_cs)
+from csrun.torch.helpers import (
+    get_ordinal,
+    get_streaming_rank,
+    is_master_ordinal,
+    is_streamer,
+    master_print,
+    mesh_reduce,
+    num_streamers,
+    num_tasks,
+    rendezvous,
+    task_id,
+    use_cs,
+)
 from csrun.torch.session import Session, SessionError
 from csrun.torch.sharding import DataLoaderError
 from csrun.torch.state import initialize
@@ -65,10 +109,47 @@ def optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return _state().backend.prepare_optimizer(opt)
 
 
+def global_step() -> int:
+    """Optimizer steps taken so far (with the step a loaded state carried), on either path."""
+    return _state().backend.global_step()
+
+
+def get_state() -> dict[str, Any]:
+    """The legacy checkpoint state ``{"model", "optimizer", "amp", "global_step"}``.
+
+    On the device this waits for every submitted step and fetches the device's state.
+    """
+    return _state().backend.get_state()
+
+
+def set_state(state: dict[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
+    """Load a state from :func:`get_state` (or a legacy checkpoint), before or between steps.
+
+    ``strict``: every model key must match. ``load_optimizer=False`` loads the weights only
+    (optimizer state, loss scaler and global step stay as they are: a pretrained start).
+    """
+    _state().backend.set_state(state, strict=strict, load_optimizer=load_optimizer)
+
+
+def compile_info() -> CompileInfo | None:
+    """The last compile's figures on the device path (None on the CPU or before the first step)."""
+    return getattr(_state().backend, "compile_info", None)
+
+
 __all__ = [
     "initialize", "module", "optimizer", "dataloader", "Session", "add_step_closure", "step_closure",
     "use_cs", "is_master_ordinal", "is_streamer", "get_ordinal", "get_streaming_rank", "num_tasks",
     "num_streamers", "task_id", "master_print", "rendezvous", "mesh_reduce",
     "StreamingDataLoader", "StreamStats", "StreamError", "BatchError", "DataLoaderError", "SessionError",
     "Backend", "EagerBackend", "DeviceOptions", "StepClosure", "register_device_backend",
+    "global_step", "get_state", "set_state", "compile_info", "CompileInfo",
 ]
+
+
+def _install_device_backend() -> None:
+    from csrun.torch.device_backend import make_device_backend
+
+    register_device_backend(make_device_backend)
+
+
+_install_device_backend()

@@ -12,19 +12,29 @@ The user API never runs a step itself; it calls a :class:`Backend` at fixed poin
   session ended) -> :meth:`Backend.end_step` with the step closures queued during that step,
   in the order added (a device backend waits for the step's outputs, turns device handles
   in the closures' arguments into CPU tensors, then runs them);
-* session exit -> :meth:`Backend.end_session`.
+* session exit -> :meth:`Backend.end_session`;
+* ``cbtorch.global_step()`` / ``get_state()`` / ``set_state()`` -> :meth:`Backend.global_step`,
+  :meth:`Backend.get_state`, :meth:`Backend.set_state` (the legacy checkpoint state, see
+  :mod:`csrun.torch.legacy_state`).
 
 :class:`EagerBackend` is the CPU backend (plain eager PyTorch, the ``csrun_cpu`` validation
-run and every run without a device). Device backends register a factory with
-:func:`register_device_backend`; ``initialize(cs_ip=...)`` on the chief calls it.
+run and every run without a device). Given compile settings it applies the device's training
+semantics (learning-rate schedule from the global step, gradient clipping; see
+:mod:`csrun.torch.rules`), so CPU and device runs agree. Device backends register a factory
+with :func:`register_device_backend`; ``initialize()`` on the chief calls it when the path
+table in :mod:`csrun.torch` picks the device (csrun.torch installs
+:mod:`csrun.torch.device_backend` on import).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
+
+from csrun.torch import legacy_state
+from csrun.torch.rules import TrainingRules
 
 
 @dataclass(kw_only=True)
@@ -49,11 +59,28 @@ class DeviceOptions:
     """What ``initialize()`` was told about the device."""
 
     cs_ip: str | None = None
-    """``HOST:PORT`` of the device (the emulator server), or None for an in-process device."""
+    """``HOST:PORT`` of the device (the emulator server), or None."""
+    embedded: bool = False
+    """Run the emulator in this process (``cs_ip="embedded"``, or ``csrun_wse`` without ``CS_IP``)."""
     compile_only: bool = False
     """Compile on the first step and stop, without running."""
     validate_only: bool = False
     """Capture and check on the first step and stop, without a full compile."""
+    settings: Any = None
+    """A :class:`~csrun.compiler.CompileSettings` (None: built from the wrapped torch optimizer)."""
+    model_dir: str | None = None
+    """Where ``cs_<hash>/`` compile directories go (None: ``model_dir`` in the working directory)."""
+    compile_dir: str | None = None
+    """An explicit compile directory (overrides ``model_dir/cs_<hash>``)."""
+    device: str = "cpu"
+    """Torch device of the embedded emulator: ``cpu``, ``cuda`` or ``cuda:<i>``."""
+    queue_depth: int = 2
+    """Steps the chief may run ahead of the device."""
+
+    @property
+    def uses_device(self) -> bool:
+        """True when the chief compiles for (and maybe runs on) the device."""
+        return bool(self.cs_ip or self.embedded or self.compile_only or self.validate_only)
 
 
 class Backend(Protocol):
@@ -79,14 +106,30 @@ class Backend(Protocol):
     def end_session(self, failed: bool) -> None:
         """The session ended (``failed`` when it ended with an exception)."""
 
+    def global_step(self) -> int:
+        """Optimizer steps taken (including the value a loaded state carried)."""
+
+    def get_state(self) -> dict[str, Any]:
+        """The legacy checkpoint state (see :mod:`csrun.torch.legacy_state`)."""
+
+    def set_state(self, state: Mapping[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
+        """Load a legacy checkpoint state, before or between steps."""
+
 
 class EagerBackend:
-    """Eager PyTorch on the CPU: the user's Python runs the steps, closures run inline."""
+    """Eager PyTorch on the CPU: the user's Python runs the steps, closures run inline.
+
+    One model and one optimizer per run: ``get_state``/``set_state`` use the last ones
+    prepared. ``settings`` (a :class:`~csrun.compiler.CompileSettings`) switch on the
+    device's learning-rate schedule and gradient clipping (:class:`TrainingRules`).
+    """
 
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Any = None) -> None:
         self.modules: list[torch.nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.rules = TrainingRules(settings)
 
     def prepare_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """Remember the model (its train/eval mode follows the session); return it unchanged."""
@@ -94,7 +137,10 @@ class EagerBackend:
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """Return the optimizer unchanged."""
+        """Hook the optimizer (schedule, clipping, step count); return it."""
+        if not any(o is optimizer for o in self.optimizers):
+            self.optimizers.append(optimizer)
+            self.rules.attach(optimizer)
         return optimizer
 
     def begin_session(self, mode: str) -> None:
@@ -113,6 +159,24 @@ class EagerBackend:
 
     def end_session(self, failed: bool) -> None:
         """Nothing to release."""
+
+    def global_step(self) -> int:
+        """Optimizer steps taken."""
+        return self.rules.global_step
+
+    def get_state(self) -> dict[str, Any]:
+        """The model's and optimizer's state (``amp`` is ``{}``: no loss scaler on the CPU)."""
+        return legacy_state.eager_state(self.modules[-1] if self.modules else None,
+                                        self.optimizers[-1] if self.optimizers else None, self.rules.global_step)
+
+    def set_state(self, state: Mapping[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
+        """Load weights (and, with ``load_optimizer``, optimizer state and the global step)."""
+        state = legacy_state.check(state)
+        legacy_state.load_eager(self.modules[-1] if self.modules else None,
+                                self.optimizers[-1] if self.optimizers else None, state,
+                                strict=strict, load_optimizer=load_optimizer)
+        if load_optimizer:
+            self.rules.global_step = legacy_state.step_of(state)
 
 
 DeviceFactory = Callable[[DeviceOptions], Backend]

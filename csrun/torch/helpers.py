@@ -1,7 +1,7 @@
 """The small helpers of the user API: who am I, print once, meet, reduce.
 
 =========================  ================================================================
-``use_cs()``               True when ``initialize()`` was given ``cs_ip`` (or compile/validate only)
+``use_cs()``               True when the chief targets the device (embedded, remote, compile/validate only)
 ``is_master_ordinal()``    True on the chief (rank 0)
 ``is_streamer()``          True on every other rank
 ``get_ordinal()``          this task's global rank
@@ -39,9 +39,8 @@ class CollectiveError(UserError):
 
 
 def use_cs() -> bool:
-    """True when the run targets the device (``cs_ip``, ``compile_only`` or ``validate_only``)."""
-    o = state().options
-    return bool(o.cs_ip or o.compile_only or o.validate_only)
+    """True when the run targets the device (see the path table in :mod:`csrun.torch`)."""
+    return state().options.uses_device
 
 
 def is_master_ordinal() -> bool:

@@ -12,12 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from csrun.cluster import ClusterInfo, cluster_info
-from csrun.errors import UserError
 from csrun.torch.backend import Backend, DeviceOptions, EagerBackend, StepClosure, device_factory
-
-
-class InitializeError(UserError):
-    """``initialize()`` was asked for something this run cannot do."""
+from csrun.torch.paths import InitializeError, choose
 
 
 @dataclass(kw_only=True)
@@ -57,32 +53,35 @@ def state() -> State:
 
 
 def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate_only: bool = False,
-               backend: Backend | None = None) -> State:
-    """Set up this task: its role from the launcher's environment and, on the chief, the device.
+               settings: Any = None, model_dir: str | None = None, compile_dir: str | None = None,
+               device: str = "cpu", queue_depth: int = 2, backend: Backend | None = None) -> State:
+    """Set up this task: its role from the launcher's environment and, on the chief, the path.
 
-    ``cs_ip`` (``HOST[:PORT]``, port 9000 when left out), ``compile_only`` or
-    ``validate_only`` select the device path: the chief then asks the registered device
-    backend factory for its backend (see :mod:`csrun.torch.backend`). Without them the
-    chief runs eagerly on the CPU. ``backend`` installs a backend directly (tests, tools).
+    The path (device or CPU) follows the table in :mod:`csrun.torch.paths`. On the device
+    path the chief asks the registered device backend factory for its backend (see
+    :mod:`csrun.torch.backend`); otherwise it runs eagerly on the CPU, applying the device's
+    training semantics when ``settings`` (a :class:`~csrun.compiler.CompileSettings`) are
+    given. ``model_dir``/``compile_dir`` say where compiles go; ``device`` is the embedded
+    emulator's torch device; ``queue_depth`` how many steps the chief may run ahead.
+    ``backend`` installs a backend directly (tests, tools).
     """
     st = state()
-    if compile_only and validate_only:
-        raise InitializeError("Please set one of compile_only and validate_only")
-    if cs_ip is not None:
-        cs_ip = str(cs_ip).strip()
-        if not cs_ip:
-            raise InitializeError("cs_ip is empty: give HOST:PORT, or leave it out to run on the CPU")
-        if ":" not in cs_ip:
-            cs_ip += ":9000"
-    st.options = DeviceOptions(cs_ip=cs_ip, compile_only=compile_only, validate_only=validate_only)
+    address, embedded = choose(cs_ip, compile_only=compile_only, validate_only=validate_only)
+    if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
+        raise InitializeError(f"queue_depth must be a positive integer, got {queue_depth!r}")
+    st.options = DeviceOptions(cs_ip=address, embedded=embedded, compile_only=compile_only,
+                               validate_only=validate_only, settings=settings, model_dir=model_dir,
+                               compile_dir=compile_dir, device=device, queue_depth=queue_depth)
     if backend is not None:
         st.backend = backend
-    elif st.info.is_chief and (cs_ip or compile_only or validate_only):
+    elif st.info.is_chief and st.options.uses_device:
         factory = device_factory()
         if factory is None:
             raise InitializeError("no device backend is installed in this csrun: run without "
                                   "cs_ip / compile_only / validate_only to run on the CPU")
         st.backend = factory(st.options)
+    else:
+        st.backend = EagerBackend(settings)
     return st
 
 
@@ -109,4 +108,6 @@ def _release_unstarted() -> None:
 def reset_for_tests() -> None:
     """Forget the state (unit tests only)."""
     global _state
+    if _state is not None and hasattr(_state.backend, "close"):
+        _state.backend.close()
     _state = None

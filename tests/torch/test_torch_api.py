@@ -31,10 +31,11 @@ def lone_chief(monkeypatch):
                  "SLURM_NTASKS", "SLURM_HET_SIZE"):
         monkeypatch.delenv(name, raising=False)
     state_mod.reset_for_tests()
+    installed = backend_mod.device_factory()
     backend_mod.register_device_backend(None)
     yield
     state_mod.reset_for_tests()
-    backend_mod.register_device_backend(None)
+    backend_mod.register_device_backend(installed)
 
 
 def _loader(n: int = 8, batch: int = 2, offset: int = 0):

@@ -1,0 +1,103 @@
+"""What the chief's training loop holds on the device: step tensors and the step order.
+
+``model(batch)`` on the device returns :class:`StepTensor` handles (the loss, or a dict of
+the forward's outputs): their values exist once the step has run and are read in step
+closures (reading them elsewhere raises the system's hint, see
+:class:`csrun.emulator.handles.DeviceTensor`). ``loss.backward()`` is accepted on the loss
+handle; the device runs backward itself.
+
+:class:`StepOrder` checks that the loop calls the training step's pieces in the usual order,
+as eager PyTorch needs them::
+
+    optimizer.zero_grad()      # here, or after optimizer.step()
+    loss = model(batch)
+    loss.backward()
+    optimizer.step()
+
+and raises :class:`StepOrderError` naming that order otherwise. In eval mode only
+``model(batch)`` belongs in a step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from csrun.emulator.handles import DeviceTensor, StepHandle
+from csrun.errors import UserError
+
+ORDER = ("each training step calls, in this order: model(batch), loss.backward(), optimizer.step(); "
+         "optimizer.zero_grad() goes before model(batch) or after optimizer.step()")
+
+
+class StepOrderError(UserError):
+    """The loop called forward, backward, step or zero_grad out of order."""
+
+
+class StepTensor(DeviceTensor):
+    """A device tensor of the current step that also takes ``.backward()`` (the loss)."""
+
+    __slots__ = ("_on_backward",)
+
+    def __init__(self, handle: StepHandle, name: str, on_backward: Callable[["StepTensor"], None]) -> None:
+        super().__init__(handle, name)
+        self._on_backward = on_backward
+
+    def backward(self, *args: Any, **kwargs: Any) -> None:
+        """Mark the step's backward as called (the device runs it)."""
+        self._on_backward(self)
+
+
+class StepOrder:
+    """The state of the current step: idle -> forward -> backward -> stepped."""
+
+    def __init__(self) -> None:
+        self.phase = "idle"
+        self.mode = "train"
+        self.step_number = 0
+        """Number of the device step the last forward submitted."""
+
+    def _fail(self, what: str) -> None:
+        raise StepOrderError(f"{what}: {ORDER}")
+
+    def forward(self, step_number: int) -> None:
+        """``model(batch)`` was sent as device step ``step_number``."""
+        self.check_forward()
+        self.phase = "forward"
+        self.step_number = step_number
+
+    def check_forward(self) -> None:
+        """Raise if a new forward would be out of order (checked before the batch is sent)."""
+        if self.mode == "train" and self.phase in ("forward", "backward"):
+            missing = "loss.backward() and optimizer.step()" if self.phase == "forward" else "optimizer.step()"
+            self._fail(f"model(batch) was called again before {missing} of the previous step")
+
+    def backward(self, tensor: StepTensor) -> None:
+        """``loss.backward()`` on the current step's loss."""
+        if self.mode != "train":
+            raise StepOrderError("loss.backward() in an eval Session: eval steps run the forward only")
+        if tensor.name != "loss":
+            self._fail(f"backward() was called on the output {tensor.name!r}, not on the loss")
+        if self.phase != "forward" or tensor.step != self.step_number:
+            self._fail("loss.backward() was called without a new model(batch) before it")
+        self.phase = "backward"
+
+    def optimizer_step(self) -> None:
+        """``optimizer.step()``."""
+        if self.mode != "train":
+            raise StepOrderError("optimizer.step() in an eval Session: eval steps run the forward only")
+        if self.phase != "backward":
+            self._fail("optimizer.step() was called before loss.backward()" if self.phase == "forward"
+                       else "optimizer.step() was called without model(batch) and loss.backward() before it")
+        self.phase = "stepped"
+
+    def zero_grad(self) -> None:
+        """``optimizer.zero_grad()``: not between backward and step (it would drop the gradients)."""
+        if self.phase == "backward":
+            self._fail("optimizer.zero_grad() was called between loss.backward() and optimizer.step()")
+
+    def finish(self) -> None:
+        """The session ended: the last training step must be complete."""
+        phase, self.phase = self.phase, "idle"
+        if self.mode == "train" and phase in ("forward", "backward"):
+            missing = "loss.backward() and optimizer.step()" if phase == "forward" else "optimizer.step()"
+            self._fail(f"the session ended before {missing} of the last step")

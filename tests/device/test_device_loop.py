@@ -1,0 +1,161 @@
+"""The chief's loop on the embedded device: handles, closures, side effects, order, eval."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import csrun.torch as cbtorch
+from csrun.emulator.errors import DeviceTensorReadError
+from csrun.torch.device_steps import StepOrderError
+
+from . import helpers
+from .helpers import MLP, dataset, settings, sgd, train
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def setup(model_dir: str, cs_ip: str | None = "embedded"):
+    cbtorch.initialize(cs_ip, settings=settings(), model_dir=model_dir)
+    torch.manual_seed(1)
+    model = cbtorch.module(MLP())
+    opt = cbtorch.optimizer(sgd(model.parameters()))
+    loader = cbtorch.dataloader(DataLoader(dataset(), batch_size=8, drop_last=True))
+    return model, opt, loader
+
+
+def test_reading_a_handle_in_the_loop_raises_the_step_closure_hint(model_dir: str) -> None:
+    model, opt, loader = setup(model_dir)
+    with cbtorch.Session(loader, report=False):
+        for batch in loader:
+            loss = model(batch)
+            with pytest.raises(DeviceTensorReadError, match="read them in a step closure"):
+                loss.item()
+            with pytest.raises(DeviceTensorReadError, match="step closure"):
+                print(loss)
+            loss.backward()
+            opt.step()
+            break
+
+
+def test_closures_run_in_order_with_their_own_steps_values(model_dir: str) -> None:
+    cpu = train(None, steps=6, model_dir=model_dir)
+    events: list[tuple] = []
+    cbtorch_state = {}
+
+    def each_step(n: int, loss) -> None:
+        cbtorch.add_step_closure(lambda l, n=n: events.append(("first", n, l.item())), (loss,))
+        cbtorch.add_step_closure(lambda d, n=n: events.append(("second", n, d["x"].item())), ({"x": loss},))
+        cbtorch_state[n] = cbtorch.global_step()
+
+    dev = train("embedded", steps=6, model_dir=model_dir, each_step=each_step)
+    # per step: the loop's record() closure, then first, then second; each with that step's loss
+    assert [e[:2] for e in events] == [(k, n) for n in range(6) for k in ("first", "second")]
+    assert [e[2] for e in events if e[0] == "first"] == pytest.approx(cpu.losses, rel=1e-6)
+    assert [e[2] for e in events if e[0] == "second"] == dev.losses
+    assert cbtorch_state == {n: n + 1 for n in range(6)}
+
+
+def test_an_async_closure_error_surfaces_at_the_next_boundary(model_dir: str) -> None:
+    model, opt, loader = setup(model_dir)
+    threads: list[str] = []
+    forwards = 0
+
+    def boom(loss: torch.Tensor) -> None:
+        threads.append(threading.current_thread().name)
+        raise ValueError(f"boom after loss {loss.item():.3f}")
+
+    with pytest.raises(ValueError, match="boom after loss"):
+        with cbtorch.Session(loader, report=False):
+            for batch in loader:
+                forwards += 1
+                loss = model(batch)
+                loss.backward()
+                opt.step()
+                if forwards == 3:
+                    cbtorch.add_step_closure(boom, (loss,), run_async=True)
+    # step 3's boundary queued it on the closure thread (overlapping step 4); the next boundary,
+    # asking for batch 5, raised its error before step 5 ran
+    assert forwards == 4
+    assert threads and threads[0] != threading.main_thread().name
+
+
+@pytest.mark.parametrize("cs_ip,calls", [(None, 5), ("embedded", 1)])
+def test_the_python_forward_runs_once_on_the_device_every_step_on_the_cpu(model_dir: str, cs_ip, calls) -> None:
+    helpers.FORWARD_CALLS[0] = 0
+    train(cs_ip, steps=5, model_dir=model_dir)
+    assert helpers.FORWARD_CALLS[0] == calls
+
+
+def test_steps_out_of_order_are_refused(model_dir: str) -> None:
+    model, opt, loader = setup(model_dir)
+    with pytest.raises(StepOrderError, match=r"optimizer.step\(\) was called before loss.backward\(\).*in this order"):
+        with cbtorch.Session(loader, report=False):
+            for batch in loader:
+                model(batch)
+                opt.step()
+    cbtorch.initialize("embedded", settings=settings(), model_dir=model_dir)
+    model, opt, loader = setup(model_dir)
+    with pytest.raises(StepOrderError, match=r"model\(batch\) was called again before optimizer.step\(\)"):
+        with cbtorch.Session(loader, report=False):
+            for batch in loader:
+                model(batch).backward()
+
+
+def test_eval_after_training_uses_the_trained_weights(model_dir: str) -> None:
+    model, opt, loader = setup(model_dir)
+    with cbtorch.Session(loader, report=False):
+        for i, batch in enumerate(loader):
+            opt.zero_grad()
+            model(batch).backward()
+            opt.step()
+            if i == 4:
+                break
+    trained = cbtorch.get_state()
+    eval_loader = cbtorch.dataloader(DataLoader(dataset(), batch_size=8, drop_last=True))
+    losses: list[float] = []
+    with cbtorch.Session(eval_loader, mode="eval", report=False):
+        for i, batch in enumerate(eval_loader):
+            cbtorch.add_step_closure(lambda l: losses.append(l.item()), (model(batch),))
+            if i == 2:
+                break
+    assert cbtorch.compile_info().mode == "eval" and cbtorch.global_step() == 5
+    reference = MLP()
+    reference.load_state_dict(trained["model"])
+    with torch.no_grad():
+        want = [reference(b).item() for b, _ in zip(DataLoader(dataset(), batch_size=8), range(3))]
+    assert losses == pytest.approx(want, rel=1e-6)
+    assert cbtorch.get_state()["global_step"] == 5
+    # a fresh run evaluating a checkpoint: set_state before the eval program exists
+    cbtorch.initialize("embedded", settings=settings(), model_dir=model_dir)
+    torch.manual_seed(99)
+    model = cbtorch.module(MLP())
+    cbtorch.set_state(trained)
+    again: list[float] = []
+    eval_loader = cbtorch.dataloader(DataLoader(dataset(), batch_size=8, drop_last=True))
+    with cbtorch.Session(eval_loader, mode="eval", report=False):
+        for i, batch in enumerate(eval_loader):
+            cbtorch.add_step_closure(lambda l: again.append(l.item()), (model(batch),))
+            if i == 2:
+                break
+    assert again == losses and cbtorch.global_step() == 5
+    assert cbtorch.compile_info().programming_time > 0
+
+
+def test_validate_only_stops_at_the_first_batch_with_exit_status_0(model_dir: str, capsys) -> None:
+    cbtorch.initialize(validate_only=True, settings=settings(), model_dir=model_dir)
+    model = cbtorch.module(MLP())
+    cbtorch.optimizer(sgd(model.parameters()))
+    loader = cbtorch.dataloader(DataLoader(dataset(), batch_size=8, drop_last=True))
+    steps = 0
+    with pytest.raises(SystemExit) as stop:
+        with cbtorch.Session(loader, report=False):
+            for batch in loader:
+                model(batch)
+                steps += 1
+    assert stop.value.code == 0 and steps == 0
+    assert "Validation completed successfully!" in capsys.readouterr().out
+    assert cbtorch.compile_info() is not None
