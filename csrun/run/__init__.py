@@ -1,1 +1,101 @@
-"""The model-zoo runner: run.py flags, params, loops, checkpoints, summaries, progress."""
+"""The model-zoo runner: ``models/<name>/run.py`` is a few lines calling :func:`run`.
+
+A model's run.py::
+
+    import sys
+    from pathlib import Path
+    from csrun.run import run
+    from model import MyModel, MyModelConfig, MyInputConfig, metrics   # siblings of run.py
+    from data import train_input_fn, eval_input_fn
+
+    if __name__ == "__main__":
+        sys.exit(run(model_fn=lambda p: MyModel(p.model), train_input_fn=train_input_fn,
+                     eval_input_fn=eval_input_fn, model_config=MyModelConfig,
+                     input_config=MyInputConfig, eval_metrics=metrics,
+                     default_model_dir=str(Path(__file__).resolve().parent / "model_dir")))
+
+Contract: ``model_fn(params)`` returns a ``torch.nn.Module`` whose ``forward(batch)`` returns
+a dict of scalar tensors, ``"loss"`` first (others, e.g. ``"correct"``, are averaged in
+eval). Input functions return a ``torch.utils.data.DataLoader`` with ``drop_last=True``
+(the runner wraps it with ``cbtorch.dataloader``; map-style datasets must split evenly over
+the streamers). ``eval_metrics(means)`` turns the eval means into named metrics. Every task
+runs the same script: rank 0 (the chief) runs the loops, the others stream input.
+
+run.py flags (every given flag overwrites the ``runconfig`` key of the same name, then the
+params are checked):
+
+=====================================  ==============================================================
+``-p/--params FILE`` (required)        the params YAML (sections in :mod:`csrun.run.params`)
+``-m/--mode`` (required)               ``train``, ``eval`` or ``train_and_eval`` (CPU, lone chief only:
+                                       on the system "Training with Eval on CS is not currently
+                                       supported.")
+``-cs/--cs_ip HOST[:PORT]``            the system (a ``cs_emulator`` server); ``:9000`` added when no
+                                       port; default ``$CS_IP``
+``-cpu/--cpu``                         force the CPU path (wins over cs_ip and csrun_wse)
+``--compile_only``                     full compile at the first batch, no run (exit 0 / 1)
+``--validate_only``                    capture and check only; with ``--compile_only``: "Please set
+                                       one of compile_only and validate_only"
+``-o/--model_dir DIR``                 output folder; default ``runconfig.model_dir``, else
+                                       ``<run.py dir>/model_dir``
+``--checkpoint_path FILE``             checkpoint to load (strict; optimizer and step too)
+``--is_pretrained_checkpoint``         with ``--checkpoint_path``: step 0, non-strict, no optimizer state
+``--resume``                           continue from the newest valid checkpoint in model_dir (a corrupt
+                                       newest one is reported and the previous one used); none there:
+                                       ``--checkpoint_path`` if given, else step 0
+``--logging LEVEL``                    chief log level (streamers: ``runconfig.streamer_logging``)
+``--config KEY``                       use one top-level key of the YAML
+``-c/--compile_dir DIR``               compile output folder (default ``model_dir/cs_<hash>``)
+``--execution_strategy pipeline``      the only strategy here
+=====================================  ==============================================================
+
+Paths: the **system** when ``cs_ip``, ``--compile_only`` or ``--validate_only`` is set, or when
+launched by ``csrun_wse`` (``CSRUN_LAUNCHER=csrun_wse``) without ``--cpu`` (then the emulator
+runs embedded in the chief); otherwise the **CPU** (eager PyTorch with the device's schedule
+and clipping). The system refuses ``train_and_eval`` and ``grad_accum_steps > 1`` ("Gradient
+Accumulation not supported on CS workflow."). Environment read: ``CS_IP``, ``CSRUN_LAUNCHER``
+(and what :mod:`csrun.torch` and :mod:`csrun.cluster` read).
+
+Run length: ``max_steps`` is the last global step; ``num_steps`` runs that many steps from the
+starting step (capped by max_steps); ``num_epochs`` runs to ``num_epochs * steps_per_epoch``
+(default: the loader's length). ``seed`` seeds torch, numpy and random on every task.
+
+What a run leaves in ``model_dir`` (chief only):
+
+* ``checkpoint_<step>.mdl`` + ``.sha256`` (:mod:`csrun.run.checkpoints`): at ``checkpoint_steps``,
+  the last step, step 0 with ``save_initial_checkpoint``, and on preemption; "Saved checkpoint at
+  global step: N";
+* ``train/``, ``eval/``: TensorBoard events and ``params_<mode>.yaml`` (:mod:`csrun.run.summaries`);
+* ``losses/losses.csv`` with ``save_losses`` (``step,loss``, one row per step);
+* ``performance/performance.json`` (:mod:`csrun.run.performance`);
+* ``cs_<hash>/`` from the compile (system path).
+
+Messages: "Training Completed Successfully!", "Avg Eval. Loss = X" and one "Eval. <metric> = X"
+line per metric, "NaN loss detected." / "inf loss detected." (exit 1). Exit status: 0 done;
+2 a params/flag error (one line ``run.py: error: ...``, no traceback); 1 a compile, checkpoint
+or run error; 143 / 138 stopped by SIGTERM / SIGUSR1 after a checkpoint (:mod:`csrun.run.preemption`);
+130 Ctrl-C.
+
+Modules: :mod:`~csrun.run.cli_args` (flags, overrides, path), :mod:`~csrun.run.params` (YAML
+schema), :mod:`~csrun.run.runner` (orchestration), :mod:`~csrun.run.loops` (train/eval),
+:mod:`~csrun.run.checkpoints`, :mod:`~csrun.run.summaries`, :mod:`~csrun.run.performance`,
+:mod:`~csrun.run.progress`, :mod:`~csrun.run.preemption`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["run", "Params", "ModelConfig", "InputConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import lazily: ``csrun.run.params`` must not pull in torch's runtime for YAML checks."""
+    if name == "run":
+        from csrun.run.runner import run
+
+        return run
+    if name in ("Params", "ModelConfig", "InputConfig"):
+        from csrun.run import params
+
+        return getattr(params, name)
+    raise AttributeError(f"module 'csrun.run' has no attribute {name!r}")

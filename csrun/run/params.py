@@ -57,7 +57,7 @@ class RunConfig:
     seed: int | None = doc(None, "seed for torch, numpy and Python's random")
     eval_steps: int | None = doc(None, "eval batches to run (default: one pass over the eval data)")
     model_dir: str = doc("", "output folder (default: <run.py dir>/model_dir)")
-    cs_ip: str | None = doc(None, "system address HOST[:PORT] (port 9000 when none), or 'embedded'")
+    cs_ip: str | None = doc(None, "system address HOST[:PORT] (port 9000 when none); default $CS_IP")
     cpu: bool = doc(False, "force the CPU path even when cs_ip is set")
     compile_only: bool = doc(False, "full compile, no run")
     validate_only: bool = doc(False, "compile only up to graph/kernel matching")
@@ -131,8 +131,8 @@ class OptimizerConfig:
 class ModelConfig:
     """``model``: fields every model has; each model subclasses it with its own."""
 
-    mixed_precision: bool = required("fp32 weights with fp16/bf16/cbfloat16 compute (mandatory on the system)")
-    fp16_type: Literal["float16", "bfloat16", "cbfloat16", "float32"] = doc("float16", "compute dtype under mixed_precision (float32: exactness checks)")
+    mixed_precision: bool = required("fp32 weights with float16 compute (cbfloat16 with csconfig.use_cbfloat16); "
+                                     "false: float32 compute (exactness checks)")
 
 
 @dataclass(kw_only=True)
@@ -244,6 +244,7 @@ def check_params(params: Params) -> None:
     params.runconfig.check()
     if params.optimizer is not None:
         params.optimizer.check()
+        check_learning_rate(params.optimizer.learning_rate)
     mode = params.runconfig.mode
     if mode in ("train", "train_and_eval"):
         if params.optimizer is None:
@@ -255,3 +256,14 @@ def check_params(params: Params) -> None:
         if params.eval_input is None:
             raise ConfigError(f"eval_input: required section missing for --mode {mode}")
         params.eval_input.check("eval_input")
+
+
+def check_learning_rate(learning_rate: Any) -> None:
+    """Refuse a ``learning_rate`` the schedule builder cannot run (the emulator's own rules)."""
+    from csrun.emulator.errors import SpecError
+    from csrun.emulator.schedules import build_schedule
+
+    try:
+        build_schedule(learning_rate)
+    except SpecError as exc:
+        raise ConfigError(f"optimizer.{exc}") from None

@@ -1,0 +1,149 @@
+"""run.py's command line: the legacy flags, their overrides of ``runconfig``, the run's path.
+
+Every flag given on the command line overwrites the same key of ``params["runconfig"]``
+before the params are typed and checked, so a flag is checked exactly like the YAML key.
+See :mod:`csrun.run` for the table of flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from csrun.run.params import InputConfig, ModelConfig, Params, params_from_dict, read_yaml
+from csrun.typed_config import ConfigError
+
+DEFAULT_PORT = 9000
+EMBEDDED = "embedded"
+"""The ``--cs_ip`` value for the emulator in the chief's process."""
+
+RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "model_dir", "checkpoint_path",
+                   "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume")
+"""Flags that overwrite the ``runconfig`` key of the same name."""
+
+
+def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
+    """The run.py argument parser (legacy spellings)."""
+    p = argparse.ArgumentParser(prog=prog, description="Train or evaluate a model-zoo model on the CPU or the system.")
+    p.add_argument("-cs", "--cs_ip", default=None,
+                   help="system address HOST[:PORT] (:9000 added when no port), or 'embedded'; default $CS_IP")
+    p.add_argument("-cpu", "--cpu", action="store_true", default=None, help="force the CPU path")
+    p.add_argument("-p", "--params", required=True, help="params YAML file")
+    p.add_argument("-m", "--mode", required=True, choices=("train", "eval", "train_and_eval"), help="what to run")
+    p.add_argument("--compile_only", action="store_true", default=None, help="full compile, no run")
+    p.add_argument("--validate_only", action="store_true", default=None,
+                   help="compile only up to graph/kernel matching")
+    p.add_argument("-o", "--model_dir", default=None, help="output folder (default: <run.py dir>/model_dir)")
+    p.add_argument("--checkpoint_path", default=None, help="checkpoint to load")
+    p.add_argument("--is_pretrained_checkpoint", action="store_true", default=None,
+                   help="with --checkpoint_path: step 0, non-strict load, no optimizer state")
+    p.add_argument("--logging", default=None, help="chief log level (DEBUG, INFO, WARNING, ERROR)")
+    p.add_argument("--config", default=None, help="use this top-level key of the params YAML")
+    p.add_argument("-c", "--compile_dir", default=None, help="compile output folder")
+    p.add_argument("--execution_strategy", default=None, choices=("pipeline",), help="pipeline (the only mode)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="continue from the latest valid checkpoint in model_dir")
+    return p
+
+
+def normalize_cs_ip(value: str | None) -> str | None:
+    """``HOST`` -> ``HOST:9000``; empty -> None; ``embedded`` (the in-process emulator) stays."""
+    if value is None:
+        return None
+    value = str(value).strip()
+    if not value:
+        return None
+    if value.lower() == EMBEDDED:
+        return EMBEDDED
+    if ":" not in value:
+        value = f"{value}:{DEFAULT_PORT}"
+    return value
+
+
+def parse_args(argv: list[str] | None, *, prog: str = "run.py",
+               environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """The parsed flags; ``cs_ip`` falls back to ``$CS_IP``. argparse exits 2 on a bad flag."""
+    args = build_parser(prog).parse_args(argv)
+    env = os.environ if environ is None else environ
+    if args.cs_ip is None and env.get("CS_IP"):
+        args.cs_ip = env["CS_IP"]
+    args.cs_ip = normalize_cs_ip(args.cs_ip)
+    return args
+
+
+def apply_overrides(data: dict[str, Any], args: argparse.Namespace, *, default_model_dir: str | None) -> dict[str, Any]:
+    """A copy of the YAML mapping with every given flag written into ``runconfig``."""
+    out = dict(data)
+    rc = out.get("runconfig")
+    if rc is None:
+        rc = {}
+    if not isinstance(rc, dict):
+        raise ConfigError("runconfig: must be a mapping")
+    rc = dict(rc)
+    for name in RUNCONFIG_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            rc[name] = value
+    if rc.get("cs_ip") is not None:
+        rc["cs_ip"] = normalize_cs_ip(str(rc["cs_ip"]))
+    if not rc.get("model_dir"):
+        rc["model_dir"] = default_model_dir or "model_dir"
+    out["runconfig"] = rc
+    return out
+
+
+def load_params(args: argparse.Namespace, *, model_config: type[ModelConfig] = ModelConfig,
+                input_config: type[InputConfig] = InputConfig, default_model_dir: str | None = None) -> Params:
+    """Read ``--params`` (``--config``), apply the flags, type and check everything."""
+    data = read_yaml(Path(args.params), args.config)
+    data = apply_overrides(data, args, default_model_dir=default_model_dir)
+    return params_from_dict(data, model_config=model_config, input_config=input_config)
+
+
+Path_ = Literal["cpu", "system"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPath:
+    """Where the chief runs the steps."""
+
+    kind: Path_
+    """``cpu`` (eager PyTorch) or ``system`` (the device: a server at cs_ip, or the embedded emulator)."""
+    cs_ip: str | None
+    """The server's address, or None for the embedded emulator / CPU."""
+    reason: str
+    """Why this path, for the log."""
+
+
+def choose_path(params: Params, environ: Mapping[str, str] | None = None) -> RunPath:
+    """The legacy rule: the system when cs_ip, compile_only or validate_only; else the CPU.
+
+    Launched by csrun_wse (``CSRUN_LAUNCHER=csrun_wse``) without ``--cpu`` and without a
+    cs_ip, the system path runs the embedded emulator. ``--cpu`` wins over cs_ip and the
+    launcher; compile_only / validate_only are compiles and always take the system path.
+    """
+    env = os.environ if environ is None else environ
+    rc = params.runconfig
+    if rc.compile_only or rc.validate_only:
+        which = "compile_only" if rc.compile_only else "validate_only"
+        return RunPath(kind="system", cs_ip=None if rc.cpu else rc.cs_ip, reason=which)
+    if rc.cpu:
+        return RunPath(kind="cpu", cs_ip=None, reason="--cpu")
+    if rc.cs_ip:
+        return RunPath(kind="system", cs_ip=rc.cs_ip, reason=f"cs_ip {rc.cs_ip}")
+    if env.get("CSRUN_LAUNCHER") == "csrun_wse":
+        return RunPath(kind="system", cs_ip=None, reason="launched by csrun_wse (embedded emulator)")
+    return RunPath(kind="cpu", cs_ip=None, reason="no cs_ip")
+
+
+def check_system_rules(params: Params, path: RunPath) -> None:
+    """What the system refused that the CPU allows."""
+    if path.kind != "system":
+        return
+    if params.runconfig.mode == "train_and_eval":
+        raise ConfigError("Training with Eval on CS is not currently supported.")
+    if params.optimizer is not None and params.optimizer.grad_accum_steps > 1 and params.runconfig.mode != "eval":
+        raise ConfigError("Gradient Accumulation not supported on CS workflow.")

@@ -1,0 +1,244 @@
+"""The chief's train and eval loops, written the legacy way against ``csrun.torch``.
+
+Train: ``zero_grad``, ``outputs = model(batch)``, ``outputs["loss"].backward()``,
+``optimizer.step()``, then, on the steps that need it, a step closure that reads the step's
+outputs (CPU tensors, on either path) and does the bookkeeping at the step boundary, in
+this order: loss check (``check_loss_values``: "NaN loss detected." / "inf loss detected.",
+exit 1, no checkpoint of the bad step), ``losses.csv``, log line / TensorBoard at
+``log_steps``, checkpoint at ``checkpoint_steps`` and at the last step, then a pending
+preemption (checkpoint, stop). A closure makes the chief wait for that step's outputs, so
+the device can run ahead only between them: closures are added at log, checkpoint and last
+steps and once a preemption signal arrived — and at every step with ``save_losses``. The
+loss is therefore checked where it is read (always before a checkpoint is written).
+With ``grad_accum_steps`` k > 1 (CPU only) a step is k batches with the loss divided by k;
+its closure sees the last batch's outputs.
+
+Eval: ``model(batch)`` under ``torch.no_grad`` (CPU path), one closure per batch adding every
+output to a running sum; ``eval_steps`` batches or one pass over the eval loader. The
+result is the mean of each output over the batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import csrun.torch as cbtorch
+from csrun.errors import UserError
+from csrun.run.checkpoints import save_checkpoint
+from csrun.run.preemption import Preempted, Preemption
+from csrun.run.progress import Progress, log_line
+from csrun.run.summaries import LossLog, Scalars
+
+MSG_SAVED = "Saved checkpoint at global step: {}"
+
+
+class LossValueError(UserError):
+    """The loss became NaN or inf (``check_loss_values``)."""
+
+    exit_code = 1
+
+
+def _scalar(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().float().reshape(-1)[0]) if value.numel() else float("nan")
+    return float(value)
+
+
+@dataclass(kw_only=True)
+class TrainSetup:
+    """What the train loop needs (built by the runner)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: Any
+    """The ``cbtorch.dataloader`` (already ``skip()``-ed to the data position)."""
+    model_dir: Path
+    start_step: int
+    target_step: int
+    batch_size: int
+    grad_accum_steps: int = 1
+    log_steps: int
+    checkpoint_steps: int = 0
+    check_loss_values: bool = True
+    schedule: Callable[[int], float] | None = None
+    """The learning-rate schedule (global step before the update -> lr), for the log."""
+    scalars: Scalars
+    losses: LossLog | None = None
+    progress: Progress
+    preemption: Preemption
+    log: Callable[[str], None]
+    on_cpu: bool = True
+    last_saved: int | None = None
+    """The step of the newest checkpoint already on disk (not saved again)."""
+
+
+@dataclass(kw_only=True)
+class TrainResult:
+    """What the train loop did."""
+
+    step: int
+    stats: Any
+    total_time: float
+    steps_run: int
+    samples: int
+
+
+class _StepBook:
+    """The step closure's state."""
+
+    def __init__(self, s: TrainSetup) -> None:
+        self.s = s
+        self.last_time = time.perf_counter()
+        self.last_step = s.start_step
+        self.rate: float | None = None
+
+    def save(self, step: int) -> None:
+        s = self.s
+        if s.last_saved == step:
+            return
+        state = dict(cbtorch.get_state())
+        state["lr_scheduler"] = {"global_step": int(state.get("global_step", step))}
+        state["data_position"] = step * s.grad_accum_steps
+        save_checkpoint(s.model_dir, step, state)
+        s.last_saved = step
+        s.log(MSG_SAVED.format(step))
+
+    def wants(self, step: int) -> bool:
+        """Whether step ``step`` needs its outputs read (a closure makes the chief wait for the device)."""
+        s = self.s
+        return (s.losses is not None or step % s.log_steps == 0 or step == s.target_step
+                or bool(s.checkpoint_steps and step % s.checkpoint_steps == 0) or s.preemption.requested)
+
+    def on_step(self, outputs: dict[str, Any], step: int) -> None:
+        s = self.s
+        loss = _scalar(outputs["loss"])
+        if s.check_loss_values and not math.isfinite(loss):
+            raise LossValueError("NaN loss detected." if math.isnan(loss) else "inf loss detected.")
+        if s.losses is not None:
+            s.losses.add(step, loss)
+        if step % s.log_steps == 0 or step == s.target_step:
+            now = time.perf_counter()
+            dt = now - self.last_time
+            self.rate = (step - self.last_step) * s.batch_size * s.grad_accum_steps / dt if dt > 0 else None
+            self.last_time, self.last_step = now, step
+            lr = s.schedule(step - 1) if s.schedule is not None else None
+            if step % s.log_steps == 0:
+                s.scalars.add("loss", loss, step)
+                if lr is not None:
+                    s.scalars.add("learning_rate", lr, step)
+                if self.rate is not None:
+                    s.scalars.add("samples_per_sec", self.rate, step)
+                if "loss_scale" in outputs:
+                    s.scalars.add("loss_scale", _scalar(outputs["loss_scale"]), step)
+                s.scalars.flush()
+                if s.losses is not None:
+                    s.losses.flush()
+                s.progress.log(log_line(step, s.target_step, loss, lr, self.rate or 0.0))
+        s.progress.step(step, loss, self.rate)
+        if step == s.target_step or (s.checkpoint_steps and step % s.checkpoint_steps == 0):
+            self.save(step)
+        if s.preemption.requested:
+            self.save(step)
+            raise Preempted(s.preemption.signum or 15, step)
+
+
+def train(s: TrainSetup) -> TrainResult:
+    """Run steps ``start_step+1 .. target_step`` in one Session; return what happened."""
+    book = _StepBook(s)
+    step = s.start_step
+    micro = 0
+    session = cbtorch.Session(s.loader, mode="train")
+    t0 = time.perf_counter()
+    try:
+        with session:
+            t0 = time.perf_counter()
+            while step < s.target_step:
+                took_any = False
+                for batch in s.loader:
+                    took_any = True
+                    if micro == 0:
+                        s.optimizer.zero_grad()
+                    outputs = s.model(batch)
+                    _check_outputs(outputs)
+                    loss = outputs["loss"]
+                    (loss / s.grad_accum_steps if s.grad_accum_steps > 1 else loss).backward()
+                    micro += 1
+                    if micro < s.grad_accum_steps:
+                        continue
+                    micro = 0
+                    s.optimizer.step()
+                    step += 1
+                    if book.wants(step):
+                        cbtorch.add_step_closure(book.on_step, args=(outputs, step))
+                    if step >= s.target_step:
+                        break
+                if not took_any:
+                    raise UserError("the train loader produced no batch")
+    finally:
+        total = time.perf_counter() - t0
+        s.progress.close()
+        s.scalars.flush()
+        if s.losses is not None:
+            s.losses.flush()
+    steps_run = step - s.start_step
+    return TrainResult(step=step, stats=session.stats, total_time=total, steps_run=steps_run,
+                       samples=steps_run * s.batch_size * s.grad_accum_steps)
+
+
+def _check_outputs(outputs: Any) -> None:
+    if not isinstance(outputs, dict) or "loss" not in outputs:
+        got = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
+        raise UserError(f"the model's forward(batch) must return a dict of scalar tensors with 'loss' first; got {got}")
+
+
+@dataclass(kw_only=True)
+class EvalResult:
+    """Means of every output over the eval batches."""
+
+    means: dict[str, float]
+    batches: int
+    stats: Any
+    total_time: float
+    samples: int
+
+
+@dataclass
+class _Sums:
+    totals: dict[str, float] = field(default_factory=dict)
+    batches: int = 0
+
+    def add(self, outputs: dict[str, Any]) -> None:
+        for k, v in outputs.items():
+            self.totals[k] = self.totals.get(k, 0.0) + _scalar(v)
+        self.batches += 1
+
+
+def evaluate(model: torch.nn.Module, loader: Any, *, eval_steps: int | None, batch_size: int, on_cpu: bool) -> EvalResult:
+    """One Session over ``loader``: ``eval_steps`` batches, or one pass."""
+    sums = _Sums()
+    session = cbtorch.Session(loader, mode="eval")
+    n = 0
+    t0 = time.perf_counter()
+    with session, torch.no_grad() if on_cpu else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        for batch in loader:
+            outputs = model(batch)
+            _check_outputs(outputs)
+            cbtorch.add_step_closure(sums.add, args=(outputs,))
+            n += 1
+            if eval_steps is not None and n >= eval_steps:
+                break
+    total = time.perf_counter() - t0
+    if sums.batches == 0:
+        raise UserError("the eval loader produced no batch")
+    means = {k: v / sums.batches for k, v in sums.totals.items()}
+    return EvalResult(means=means, batches=sums.batches, stats=session.stats, total_time=total,
+                      samples=sums.batches * batch_size)
+

@@ -1,0 +1,325 @@
+"""``run()``: one model-zoo run, from argv to exit status (the manual is :mod:`csrun.run`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import csrun.torch as cbtorch
+from csrun.compiler.settings import settings_from_params
+from csrun.errors import UserError
+from csrun.run import cli_args, loops
+from csrun.run.checkpoints import latest_valid, load_checkpoint, save_checkpoint
+from csrun.run.params import InputConfig, ModelConfig, Params
+from csrun.run.performance import performance_doc, write_performance
+from csrun.run.preemption import Preempted, Preemption, ignore_on_streamer
+from csrun.run.progress import Progress
+from csrun.run.summaries import LossLog, Scalars, write_params
+from csrun.typed_config import ConfigError
+
+log = logging.getLogger("csrun.run")
+
+MSG_TRAIN_DONE = "Training Completed Successfully!"
+MSG_EVAL_DONE = "Evaluation Completed Successfully!"
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    for name in ("csrun.run",):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [handler]
+        lg.setLevel(level.upper())
+        lg.propagate = False
+
+
+def _say(text: str) -> None:
+    log.info(text)
+    for h in log.handlers:
+        h.flush()
+
+
+def set_threads(environ: Any = None) -> None:
+    """Use the CPUs Slurm gave this task: ``torch.set_num_threads($SLURM_CPUS_PER_TASK)`` unless
+    ``OMP_NUM_THREADS`` is set (torch otherwise takes every core of the node, and tasks sharing a
+    node then fight over them)."""
+    env = os.environ if environ is None else environ
+    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit() and int(cpus) > 0 and not env.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(cpus))
+
+
+def seed_everything(seed: int | None) -> None:
+    """Seed torch, numpy and Python's random (nothing when ``seed`` is None)."""
+    if seed is None:
+        return
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def settings_input(params: Params) -> dict[str, Any]:
+    """The params as ``settings_from_params`` reads them: optimizer keys left at their default are left out
+    (the compiler refuses keys that do not apply to the optimizer type, e.g. correct_bias for sgd)."""
+    import dataclasses
+
+    from csrun.run.params import OptimizerConfig
+
+    data = params.to_dict()
+    if params.optimizer is not None:
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else
+                    (f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)  # type: ignore[misc]
+                    for f in dataclasses.fields(OptimizerConfig)}
+        data["optimizer"] = {k: v for k, v in data["optimizer"].items()
+                             if defaults.get(k, dataclasses.MISSING) is dataclasses.MISSING or v != defaults[k]}
+    return data
+
+
+def _optimizer(params: Params, model: torch.nn.Module, settings: Any) -> torch.optim.Optimizer:
+    from csrun.emulator.optimizers import build_optimizer, preinitialize_state
+    from csrun.emulator.schedules import build_schedule
+
+    spec = settings.optimizer
+    lr0 = float(build_schedule(settings.learning_rate)(0))
+    opt = build_optimizer(spec.type, dict(spec.hyperparameters), list(model.named_parameters()), lr=lr0)
+    preinitialize_state(opt)  # stateful tensors exist before the first step (the system's rule)
+    return opt
+
+
+def _wrap_loader(input_fn: Callable[[Params], Any] | None, params: Params, which: str) -> Any:
+    if input_fn is None:
+        raise ConfigError(f"this model has no {which} input function: --mode {params.runconfig.mode} is not available")
+    loader = input_fn(params)
+    return cbtorch.dataloader(loader)
+
+
+def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any] | None, str]:
+    """(state, where) for this run, or (None, why not)."""
+    rc = params.runconfig
+    if rc.resume:
+        found = latest_valid(model_dir)
+        if found is not None:
+            for why in found.skipped:
+                log.warning("%s; falling back to an older checkpoint", why)
+            return found.state, str(found.path)
+        if not rc.checkpoint_path:
+            _say(f"--resume: no checkpoint in {model_dir}; starting from step 0")
+            return None, ""
+    if rc.checkpoint_path:
+        return load_checkpoint(Path(rc.checkpoint_path)), rc.checkpoint_path
+    if rc.mode == "eval":
+        found = latest_valid(model_dir)
+        if found is not None:
+            for why in found.skipped:
+                log.warning("%s; falling back to an older checkpoint", why)
+            return found.state, str(found.path)
+        log.warning("no checkpoint to evaluate in %s (give --checkpoint_path): evaluating freshly initialised weights",
+                    model_dir)
+    return None, ""
+
+
+def _target_step(params: Params, start: int, loader_len: int | None, accum: int) -> int:
+    rc = params.runconfig
+    if rc.num_steps is not None:
+        target = start + rc.num_steps
+    elif rc.num_epochs is not None:
+        per_epoch = rc.steps_per_epoch or ((loader_len // accum) if loader_len else None)
+        if not per_epoch:
+            raise ConfigError("runconfig.num_epochs: the train loader has no length; give runconfig.steps_per_epoch")
+        target = rc.num_epochs * per_epoch
+    else:
+        target = rc.max_steps or 0
+    if rc.max_steps is not None:
+        target = min(target, rc.max_steps)
+    return target
+
+
+def _compile_info() -> dict[str, Any]:
+    info = cbtorch.compile_info()
+    if info is None:
+        return {}
+    return {"compile_time": info.compile_time, "est_samples_per_sec": info.est_samples_per_sec,
+            "programming_time": getattr(info, "programming_time", None)}
+
+
+def run(*, model_fn: Callable[[Params], torch.nn.Module],
+        train_input_fn: Callable[[Params], torch.utils.data.DataLoader] | None,
+        eval_input_fn: Callable[[Params], torch.utils.data.DataLoader] | None,
+        model_config: type[ModelConfig] = ModelConfig, input_config: type[InputConfig] = InputConfig,
+        eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
+        argv: list[str] | None = None, default_model_dir: str | None = None) -> int:
+    """Run run.py's command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "run.py"
+    try:
+        args = cli_args.parse_args(argv, prog=prog)
+    except SystemExit as exc:  # argparse printed the usage and the error (exit 2), or --help (0)
+        return exc.code if isinstance(exc.code, int) else 2
+    is_chief = cbtorch.is_master_ordinal()
+    try:
+        params = cli_args.load_params(args, model_config=model_config, input_config=input_config,
+                                      default_model_dir=default_model_dir)
+        path = cli_args.choose_path(params)
+        cli_args.check_system_rules(params, path)
+        return _run(params, path, model_fn=model_fn, train_input_fn=train_input_fn,
+                    eval_input_fn=eval_input_fn, eval_metrics=eval_metrics)
+    except SystemExit as exc:  # compile_only / validate_only end here
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except Preempted as exc:
+        _say(f"{exc}; checkpoint saved. Continue with --resume.")
+        return exc.exit_code
+    except UserError as exc:
+        if is_chief or not isinstance(exc, ConfigError):
+            where = "" if is_chief else f" (rank {cbtorch.get_ordinal()})"
+            sys.stdout.flush()
+            print(f"{prog}: error{where}: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params], torch.nn.Module],
+         train_input_fn: Callable[[Params], Any] | None, eval_input_fn: Callable[[Params], Any] | None,
+         eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> int:
+    rc = params.runconfig
+    is_chief = cbtorch.is_master_ordinal()
+    _setup_logging(rc.logging if is_chief else rc.streamer_logging)
+    mode = rc.mode
+    try:
+        settings = settings_from_params(settings_input(params), mode=mode)
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
+    model_dir = Path(rc.model_dir)
+    if path.kind == "system":
+        compiling = rc.compile_only or rc.validate_only
+        cs_ip = path.cs_ip if compiling else (path.cs_ip or "embedded")
+        cbtorch.initialize(cs_ip, compile_only=rc.compile_only, validate_only=rc.validate_only, settings=settings,
+                           model_dir=str(model_dir), compile_dir=rc.compile_dir,
+                           queue_depth=params.csconfig.queue_depth)
+    else:
+        cbtorch.initialize(None, settings=settings, model_dir=str(model_dir), compile_dir=rc.compile_dir,
+                           backend=cbtorch.EagerBackend(settings))
+    if mode == "train_and_eval" and cbtorch.num_streamers() > 0:
+        raise ConfigError("--mode train_and_eval needs a lone chief (no streamers): only one Session per run "
+                          "can stream; run train, then eval")
+    set_threads()
+    seed_everything(rc.seed)
+
+    if not is_chief:  # streamers: stream the first session's input, then leave
+        ignore_on_streamer()
+        loader = _wrap_loader(eval_input_fn if mode == "eval" else train_input_fn, params,
+                              "eval" if mode == "eval" else "train")
+        with cbtorch.Session(loader, mode="eval" if mode == "eval" else "train"):
+            pass
+        return 0
+
+    log.info("csrun: %s path (%s), mode %s, model_dir %s", path.kind, path.reason, mode, model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model = cbtorch.module(model_fn(params))
+    optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
+    state, where = _checkpoint_to_load(params, model_dir)
+    start = 0
+    if state is not None:
+        pretrained = rc.is_pretrained_checkpoint and where == rc.checkpoint_path
+        if pretrained:
+            cbtorch.set_state(state, strict=False, load_optimizer=False)
+            _say(f"Loaded pretrained weights from {where} (step 0, optimizer state not loaded)")
+        else:
+            cbtorch.set_state(state, strict=True, load_optimizer=optimizer is not None)
+            start = int(state.get("global_step", 0))
+            _say(f"Loaded checkpoint {where} at global step {start}")
+    if mode in ("train", "train_and_eval"):
+        start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn)
+    if mode in ("eval", "train_and_eval"):
+        _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics)
+    return 0
+
+
+def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optimizer: Any, settings: Any,
+           model_dir: Path, start: int, train_input_fn: Callable[[Params], Any] | None) -> int:
+    from csrun.emulator.schedules import build_schedule
+
+    rc = params.runconfig
+    if params.optimizer is None or params.train_input is None:
+        raise ConfigError("optimizer / train_input: required sections missing for training")
+    accum = params.optimizer.grad_accum_steps
+    loader = _wrap_loader(train_input_fn, params, "train")
+    try:
+        loader_len = len(loader)
+    except TypeError:
+        loader_len = None
+    target = _target_step(params, start, loader_len, accum)
+    folder = model_dir / "train"
+    write_params(folder, "train", params.to_dict())
+    if start >= target:
+        _say(f"global step {start} already reaches the last step {target}: nothing to train")
+        _say(MSG_TRAIN_DONE)
+        return start
+    if start:
+        loader.skip(start * accum)
+    scalars = Scalars(folder)
+    losses = LossLog(model_dir, start) if rc.save_losses else None
+    last_saved = None
+    if rc.save_initial_checkpoint and start == 0:
+        st = dict(cbtorch.get_state())
+        st["lr_scheduler"] = {"global_step": 0}
+        st["data_position"] = 0
+        save_checkpoint(model_dir, 0, st)
+        _say(loops.MSG_SAVED.format(0))
+        last_saved = 0
+    progress = Progress(start=start, total=target)
+    try:
+        with Preemption() as preemption:
+            result = loops.train(loops.TrainSetup(
+                model=model, optimizer=optimizer, loader=loader, model_dir=model_dir, start_step=start,
+                target_step=target, batch_size=params.train_input.batch_size, grad_accum_steps=accum,
+                log_steps=rc.log_steps, checkpoint_steps=rc.checkpoint_steps,
+                check_loss_values=rc.check_loss_values, schedule=build_schedule(settings.learning_rate),
+                scalars=scalars, losses=losses, progress=progress, preemption=preemption, log=_say,
+                on_cpu=path.kind == "cpu", last_saved=last_saved))
+    finally:
+        scalars.close()
+        if losses is not None:
+            losses.close()
+    write_performance(model_dir, performance_doc(
+        total_samples=result.samples, total_time=result.total_time, batch_size=params.train_input.batch_size,
+        stats=result.stats, compile_info=_compile_info(), path=path.kind, mode="train", global_step=result.step))
+    _say(MSG_TRAIN_DONE)
+    return result.step
+
+
+def _eval(params: Params, path: cli_args.RunPath, model: torch.nn.Module, model_dir: Path, step: int,
+          eval_input_fn: Callable[[Params], Any] | None,
+          eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> None:
+    rc = params.runconfig
+    if params.eval_input is None:
+        raise ConfigError("eval_input: required section missing for --mode eval")
+    loader = _wrap_loader(eval_input_fn, params, "eval")
+    folder = model_dir / "eval"
+    write_params(folder, "eval", params.to_dict())
+    result = loops.evaluate(model, loader, eval_steps=rc.eval_steps, batch_size=params.eval_input.batch_size,
+                            on_cpu=path.kind == "cpu")
+    metrics = dict(eval_metrics(result.means)) if eval_metrics is not None else {}
+    scalars = Scalars(folder)
+    try:
+        scalars.add("loss", result.means["loss"], step)
+        for name, value in metrics.items():
+            scalars.add(name, float(value), step)
+    finally:
+        scalars.close()
+    _say(f"Avg Eval. Loss = {result.means['loss']:.6g}")
+    for name, value in metrics.items():
+        _say(f"Eval. {name} = {float(value):.6g}")
+    if rc.mode == "eval":
+        write_performance(model_dir, performance_doc(
+            total_samples=result.samples, total_time=result.total_time, batch_size=params.eval_input.batch_size,
+            stats=result.stats, compile_info=_compile_info(), path=path.kind, mode="eval", global_step=step))
+    _say(MSG_EVAL_DONE)
