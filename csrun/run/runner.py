@@ -293,6 +293,7 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         total_samples=result.samples, total_time=result.total_time, batch_size=params.train_input.batch_size,
         stats=result.stats, compile_info=_compile_info(), path=path.kind, mode="train", global_step=result.step))
     _say(MSG_TRAIN_DONE)
+    _say(f"TensorBoard logs: {folder} (tensorboard --logdir {model_dir})")
     return result.step
 
 
@@ -323,3 +324,4 @@ def _eval(params: Params, path: cli_args.RunPath, model: torch.nn.Module, model_
             total_samples=result.samples, total_time=result.total_time, batch_size=params.eval_input.batch_size,
             stats=result.stats, compile_info=_compile_info(), path=path.kind, mode="eval", global_step=step))
     _say(MSG_EVAL_DONE)
+    _say(f"TensorBoard logs: {model_dir / 'eval'} (tensorboard --logdir {model_dir})")
