@@ -47,3 +47,14 @@ def test_csrun_wse_streams_to_the_embedded_emulator(slurm_env: dict[str, str], t
     assert perf["path"] == "system" and len(perf["per_ordinal"]) == 2  # chief + 2 streamers on worker nodes
     assert sorted(o["ordinal"] for o in perf["per_ordinal"]) == [1, 2]
     assert sum(o["batches"] for o in perf["per_ordinal"]) >= 200  # they send ahead (prefetch)
+
+
+def test_csrun_wse_emulator_server_trains_with_two_streamers(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """--emulator: a cs_emulator for the job on the chief's node; the chief trains through it over TCP."""
+    md = tmp_path / "md"
+    done = launch([str(BIN / "csrun_wse"), "--emulator", "--total-nodes", "3", "--tasks-per-node", "1"], slurm_env, md)
+    assert "emulator for this job at 127.0.0.1:" in done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_trained(done, md)
+    perf = json.loads((md / "performance" / "performance.json").read_text())
+    assert perf["path"] == "system" and sorted(o["ordinal"] for o in perf["per_ordinal"]) == [1, 2]
+    assert "cs_emulator: stopped" in done.stdout + done.stderr
