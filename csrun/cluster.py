@@ -19,6 +19,8 @@ local rank
     ``MPI_LOCALRANKID`` (MPICH), ``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID``; else 0.
 node name
     ``SLURMD_NODENAME``; else the host name.
+restarts
+    ``SLURM_RESTART_COUNT``: how often Slurm requeued this job (0 on its first run).
 launcher
     ``CSRUN_LAUNCHER`` (``csrun_cpu`` or ``csrun_wse``, set by the launchers) and
     ``CSRUN_LAUNCH_MODE`` (``slurm`` or ``local``); ``SLURM_JOB_ID`` for the job id.
@@ -53,6 +55,8 @@ class ClusterInfo:
     """``slurm`` when the tasks came from srun, ``local`` for the no-Slurm fallback, ``""`` when unknown."""
     job_id: str
     """The Slurm job id, or ``""``."""
+    restart_count: int = 0
+    """How often Slurm has requeued this job (a preempted run resumes when it is above 0)."""
 
     @property
     def role(self) -> str:
@@ -109,6 +113,7 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
         launcher=env.get("CSRUN_LAUNCHER", ""),
         launch_mode=env.get("CSRUN_LAUNCH_MODE", ""),
         job_id=env.get("SLURM_JOB_ID", ""),
+        restart_count=_first_int(env, ("SLURM_RESTART_COUNT",), 0),
     )
 
 

@@ -57,13 +57,13 @@ def shown(argv: Sequence[str]) -> str:
 
 
 def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False) -> int:
-    """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP on to it; its exit code (128+N for signal N).
+    """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 on to it; its exit code (128+N for signal N).
 
     ``keep_fds``: the child inherits every open file descriptor (an MPI task needs the PMI
     socket srun gave this process, named by ``PMI_FD``).
     """
     child = subprocess.Popen(list(argv), env=env, close_fds=not keep_fds)
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
     previous = {s: signal.getsignal(s) for s in forwarded}
 
     def forward(signum: int, _frame: object) -> None:

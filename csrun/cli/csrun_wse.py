@@ -49,6 +49,10 @@ word that is not an option):
     With ``--use-sbatch``: block until the job ends and exit with its exit code.
 ``--time LIMIT``, ``--job-name NAME``, ``--log-dir DIR`` (default ``csrun_logs``)
     With ``--use-sbatch``: time limit (none by default), job name, log folder.
+``--preempt-lead SECONDS`` (default 90)
+    With ``--use-sbatch``: the job asks for SIGUSR1 that long before its time limit
+    (``--signal=B:USR1@SECONDS``, ``--requeue``); the runner then checkpoints and stops, the
+    job requeues itself and the next run resumes (see :mod:`csrun.launch.hetjob`). 0: never.
 ``--def_nodes`` … ``--def_gres_node``
     Print that site setting and exit (as csrun_cpu).
 ``-h``, ``--help``
@@ -138,7 +142,7 @@ def _body(argv: list[str]) -> int:
         command = [sys.executable, "-m", "csrun.launch.job_emulator", "--device", opts.emulator, "--", *command]
     if opts.use_sbatch:
         log_dir = Path(opts.log_dir).resolve()
-        script = hetjob_script(command, layout, site, job_name=opts.job_name or PROG, log_dir=log_dir, time=opts.time, cwd=os.getcwd())
+        script = hetjob_script(command, layout, site, job_name=opts.job_name or PROG, log_dir=log_dir, time=opts.time, cwd=os.getcwd(), preempt_lead=opts.preempt_lead)
         if opts.dry_run:
             say(script)
             return 0

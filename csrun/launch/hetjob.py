@@ -3,7 +3,15 @@
 submitit cannot describe a heterogeneous job, so this module writes the batch script itself:
 one ``#SBATCH`` block per component of the :class:`~csrun.launch.layout.Layout` separated
 by ``#SBATCH hetjob``, and a body that runs the step over every component
-(``srun ... --het-group=0 CMD : --het-group=1 ... CMD``). The job is submitted held, its log
+(``srun ... --het-group=0 CMD : --het-group=1 ... CMD``).
+
+Preemption: with a lead time the job asks for ``--signal=B:USR1@LEAD`` and ``--requeue``.
+The script traps SIGUSR1 (sent before the time limit, or by ``scancel --signal=USR1
+--batch JOB``), forwards it to the step (srun passes it to every task: the runner on the
+chief checkpoints at the next step boundary and stops; streamers ignore it), waits for the
+step to end, and then puts the job back in the queue (``scontrol requeue``). The next run
+sees ``SLURM_RESTART_COUNT`` > 0 and the runner resumes from the latest checkpoint. Logs
+are opened in append mode so both runs stay in one file. The job is submitted held, its log
 folder ``<log_dir>/<job id>/`` is made, and then it is released, so logs land beside
 csrun_cpu's (``<id>_log.out`` / ``<id>_log.err``). Waiting polls ``squeue --states=all`` and
 reads the exit code from ``scontrol show job``: neither needs Slurm accounting.
@@ -26,13 +34,46 @@ from csrun.site import SiteConfig
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
 
-def hetjob_script(command: list[str], layout: Layout, site: SiteConfig, *, job_name: str, log_dir: Path, time: str, cwd: str) -> str:
-    """The batch script for ``command`` over ``layout`` (one component: a plain job)."""
+PREEMPTION_BODY = """\
+preempted=0
+step=""
+on_preempt() {{
+    preempted=1
+    echo "csrun: SIGUSR1: asking the step to checkpoint and stop" >&2
+    [ -n "$step" ] && kill -USR1 "$step" 2>/dev/null
+}}
+trap on_preempt USR1
+
+{step} &
+step=$!
+while :; do
+    wait "$step"; rc=$?
+    kill -0 "$step" 2>/dev/null || break
+done
+if [ "$preempted" = 1 ]; then
+    echo "csrun: requeueing job $SLURM_JOB_ID to resume from its checkpoint" >&2
+    scontrol requeue "$SLURM_JOB_ID" && exit 0
+fi
+exit "$rc"
+"""
+
+
+def hetjob_script(
+    command: list[str], layout: Layout, site: SiteConfig, *, job_name: str, log_dir: Path, time: str, cwd: str,
+    preempt_lead: int = 0,
+) -> str:
+    """The batch script for ``command`` over ``layout`` (one component: a plain job).
+
+    ``preempt_lead`` > 0: checkpoint and requeue on SIGUSR1, asked for that many seconds
+    before the time limit.
+    """
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --output={log_dir}/%j/%j_log.out", f"#SBATCH --error={log_dir}/%j/%j_log.err"]
     lines.append(f"#SBATCH --chdir={cwd}")
     minutes = time_limit_minutes(time)
     if minutes:
         lines.append(f"#SBATCH --time={minutes}")
+    if preempt_lead:
+        lines += [f"#SBATCH --signal=B:USR1@{preempt_lead}", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
     step: list[str] = ["srun", *WSE_STEP_FLAGS]
     last = len(layout.components) - 1
     for i, c in enumerate(layout.components):
@@ -55,7 +96,11 @@ def hetjob_script(command: list[str], layout: Layout, site: SiteConfig, *, job_n
         if c.worker and i == last and layout.cyclic:
             step.append("--distribution=cyclic")
         step += command
-    lines += ["", "# one step over every component: the chief (rank 0) on the GRES node, the streamers after it", shlex.join(step), ""]
+    lines += ["", "# one step over every component: the chief (rank 0) on the GRES node, the streamers after it"]
+    if preempt_lead:
+        lines.append(PREEMPTION_BODY.format(step=shlex.join(step)))
+    else:
+        lines += [shlex.join(step), ""]
     return "\n".join(lines)
 
 

@@ -71,6 +71,7 @@ class WseOptions(CommonOptions):
     cpus_per_task: int | None = _opt(None, "CPUs per task (default: site, or worked out from --tasks-per-node)")
     single_task_nodes: int = _opt(0, "how many nodes run exactly one task; must be less than the number of nodes")
     cyclic: bool = _opt(False, "distribute the worker tasks cyclically (--distribution=cyclic)", flag=True)
+    preempt_lead: int = _opt(90, "with --use-sbatch: seconds before the time limit at which the job checkpoints and requeues itself (0: never)")
     emulator: str = _opt("", "[DEVICE] start a cs_emulator for the job on the chief's node (cpu, cuda, cuda:I; default cpu)", optional="cpu")
 
 
@@ -131,8 +132,9 @@ def _convert(name: str, kind: str, raw: str) -> Any:
             value = int(raw)
         except ValueError:
             raise UsageError(f"option {_spelling(name)}: {raw!r} is not a whole number") from None
-        if value < (0 if name == "single_task_nodes" else 1):
-            raise UsageError(f"option {_spelling(name)}: {raw!r} must be at least {0 if name == 'single_task_nodes' else 1}")
+        least = 0 if name in ("single_task_nodes", "preempt_lead") else 1
+        if value < least:
+            raise UsageError(f"option {_spelling(name)}: {raw!r} must be at least {least}")
         return value
     if kind.startswith("tuple"):
         return tuple(p.strip() for p in raw.split(",") if p.strip())

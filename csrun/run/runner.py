@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 import csrun.torch as cbtorch
+from csrun.cluster import cluster_info
 from csrun.compiler.settings import settings_from_params
 from csrun.errors import UserError
 from csrun.run import cli_args, loops
@@ -103,7 +104,10 @@ def _wrap_loader(input_fn: Callable[[Params], Any] | None, params: Params, which
 def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any] | None, str]:
     """(state, where) for this run, or (None, why not)."""
     rc = params.runconfig
-    if rc.resume:
+    restarts = cluster_info().restart_count
+    if restarts and not rc.resume:
+        _say(f"this job was requeued by Slurm (restart {restarts}): resuming from the latest checkpoint in {model_dir}")
+    if rc.resume or restarts:
         found = latest_valid(model_dir)
         if found is not None:
             for why in found.skipped:

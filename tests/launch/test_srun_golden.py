@@ -27,6 +27,7 @@ CASES = {
     "wse_5_nodes_2_single_4_per_node": lambda: wse_srun_argv(CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False), SITE),
     "wse_4_nodes_2_single_2_per_node_cyclic": lambda: wse_srun_argv(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE),
     "hetjob_4_nodes_2_single_2_per_node_cyclic": lambda: hetjob_script(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE_PARTITION, job_name="csrun_wse", log_dir=Path("/logs"), time="01:00:00", cwd="/work"),
+    "hetjob_3_nodes_preemptible": lambda: hetjob_script(CMD, wse_layout(nodes=3, tasks_per_node=1, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, job_name="csrun_wse", log_dir=Path("/logs"), time="60", cwd="/work", preempt_lead=90),
     "hetjob_1_node": lambda: hetjob_script(CMD, wse_layout(nodes=1, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, job_name="j", log_dir=Path("/logs"), time="", cwd="/work"),
     "mpiexec_5_nodes_2_single_4_per_node": lambda: mpiexec_argv("mpiexec", CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False)),
 }

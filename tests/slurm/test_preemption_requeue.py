@@ -1,0 +1,73 @@
+"""Preemption on the real cluster: SIGUSR1 -> checkpoint -> scontrol requeue -> the next run resumes.
+
+csrun_wse --use-sbatch submits a heterogeneous batch job that asks for SIGUSR1 before its
+time limit. The test sends that signal itself (``scancel --signal=USR1 --batch``, as Slurm
+would at the time limit minus the lead), lets the requeued job start at once, and checks
+that the second run resumed from the preemption checkpoint and finished the training.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import BIN, REPO
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
+
+
+def squeue_state(job: str, env: dict[str, str]) -> str:
+    out = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%T", f"--jobs={job}"], env=env, capture_output=True, text=True).stdout.split()
+    return out[0] if out else ""
+
+
+def wait_until(predicate, seconds: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_usr1_checkpoints_requeues_and_resumes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    params = yaml.safe_load((REPO / "configs" / "fc_mnist_debug.yaml").read_text())
+    params["runconfig"].update(max_steps=100000, checkpoint_steps=0, log_steps=1000)
+    params_file = tmp_path / "long.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    md, logs = tmp_path / "md", tmp_path / "logs"
+    env = {**slurm_env, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(BIN / "csrun_wse"), "--use-sbatch", "--log-dir", str(logs), "--time", "30", "--preempt-lead", "60",
+                           "--total-nodes", "2", "--tasks-per-node", "1", str(BIN / "python-pt"), str(REPO / "models" / "fc_mnist" / "run.py"),
+                           "--mode", "train", "--params", str(params_file), "-o", str(md)], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.split()[3].rstrip(";")
+    log = logs / job / f"{job}_log.out"
+    try:
+        wait_until(lambda: log.exists() and "Compile for training completed successfully!" in log.read_text(), 120, "training to start")
+        time.sleep(2)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True)
+        wait_until(lambda: squeue_state(job, env) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), 120, "the job to be requeued")
+        first = sorted(md.glob("checkpoint_*.mdl"))
+        assert len(first) == 1, "the preemption checkpoint"
+        saved_step = int(re.findall(r"\d+", first[0].name)[0])
+        assert 0 < saved_step < 100000
+        # the run ends here: shorten it, and let the requeued job start now instead of after
+        # Slurm's BeginTime delay, once the first run's credential is revoked (a few seconds)
+        params["runconfig"]["max_steps"] = saved_step + 50
+        params_file.write_text(yaml.safe_dump(params))
+        time.sleep(10)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=False)
+        wait_until(lambda: squeue_state(job, env) == "COMPLETED", 200, "the requeued run to finish")
+    finally:
+        subprocess.run(["scancel", job], env=env, check=False)
+    text = log.read_text()
+    assert "requeueing job" in (logs / job / f"{job}_log.err").read_text()
+    assert f"requeued by Slurm (restart 1)" in text
+    assert "Training Completed Successfully!" in text
+    assert (md / f"checkpoint_{saved_step + 50}.mdl").exists()
