@@ -1,6 +1,6 @@
 """``--use-sbatch``: submit the launcher's command as a Slurm batch job through submitit.
 
-The job runs :func:`run_command` on one exclusive node (off the GRES node, as csrun_cpu's
+The job runs :class:`CommandJob` on one exclusive node (off the GRES node, as csrun_cpu's
 interactive path). Logs land in ``<log_dir>/<job id>/`` (submitit's ``<id>_0_log.out`` and
 ``<id>_0_log.err``). With ``wait`` the caller blocks until the job ends and gets the
 command's exit code back.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +50,52 @@ def _squeue_classes() -> tuple[type, type]:
     return SqueueExecutor, SqueueJob
 
 
-def run_command(command: list[str], env: dict[str, str], cwd: str) -> int:
-    """What the batch job runs: the command, in the submitter's folder and environment; its exit code."""
-    return subprocess.run(command, env=env, cwd=cwd, check=False).returncode
+def _ignore_usr2() -> None:
+    """In the command's process: submitit's preemption signal is for the job wrapper, not for it."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+class CommandJob:
+    """What the batch job runs: the command, in the submitter's folder and environment.
+
+    Preemption: submitit asks the job for ``--signal=USR2@90`` and, on that signal, calls
+    :meth:`checkpoint` of a callable that has one, then requeues the job. Here that sends
+    SIGUSR1 to the command (the runner saves a checkpoint at the next step and stops), waits
+    for it, and hands submitit the same command to run again; the next run sees
+    ``SLURM_RESTART_COUNT`` > 0 (the job's ``SLURM_*`` variables reach the command) and resumes.
+    """
+
+    def __init__(self) -> None:
+        self._child: subprocess.Popen[bytes] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self._child = None
+
+    def __call__(self, command: list[str], env: dict[str, str], cwd: str) -> int:
+        """Run the command to its end; its exit code."""
+        job_vars = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
+        self._child = subprocess.Popen(command, env={**env, **job_vars}, cwd=cwd, preexec_fn=_ignore_usr2)
+        return self._child.wait()
+
+    def checkpoint(self, command: list[str], env: dict[str, str], cwd: str) -> object:
+        """On preemption: let the command checkpoint and stop, then ask to run it again."""
+        import submitit
+
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGUSR1)
+            try:
+                child.wait(timeout=CHECKPOINT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        return submitit.helpers.DelayedSubmission(CommandJob(), command, env, cwd)
+
+
+CHECKPOINT_WAIT_S = 60.0
+"""How long a preempted command gets to save its checkpoint (submitit signals 90 s before the limit)."""
 
 
 def time_limit_minutes(text: str) -> int:
@@ -112,7 +156,7 @@ def submit(
         params["exclude"] = site.gres_node
     executor.update_parameters(**params)
     try:
-        job = executor.submit(run_command, list(command), dict(env), os.getcwd())
+        job = executor.submit(CommandJob(), list(command), dict(env), os.getcwd())
     except Exception as exc:  # submitit wraps sbatch failures in several types
         raise LaunchError(f"sbatch refused the job: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}") from None
     return Submission(job_id=str(job.job_id), log_folder=Path(str(folder).replace("%j", str(job.job_id))), job=job)

@@ -1,9 +1,10 @@
 """Preemption on the real cluster: SIGUSR1 -> checkpoint -> scontrol requeue -> the next run resumes.
 
 csrun_wse --use-sbatch submits a heterogeneous batch job that asks for SIGUSR1 before its
-time limit. The test sends that signal itself (``scancel --signal=USR1 --batch``, as Slurm
-would at the time limit minus the lead), lets the requeued job start at once, and checks
-that the second run resumed from the preemption checkpoint and finished the training.
+time limit; csrun_cpu --use-sbatch goes through submitit, which asks for SIGUSR2. The tests
+send that signal themselves (as Slurm would at the time limit minus the lead), let the
+requeued job start at once, and check that the second run resumed from the preemption
+checkpoint and finished the training.
 """
 
 from __future__ import annotations
@@ -35,11 +36,53 @@ def wait_until(predicate, seconds: float, what: str) -> None:  # type: ignore[no
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_usr1_checkpoints_requeues_and_resumes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+def long_debug_params(tmp_path: Path) -> tuple[dict, Path]:
     params = yaml.safe_load((REPO / "configs" / "fc_mnist_debug.yaml").read_text())
-    params["runconfig"].update(max_steps=100000, checkpoint_steps=0, log_steps=1000)
-    params_file = tmp_path / "long.yaml"
+    params["runconfig"].update(max_steps=100000, checkpoint_steps=0, log_steps=200)
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return params, path
+
+
+def finish_after_requeue(job: str, env: dict[str, str], md: Path, params: dict, params_file: Path) -> int:
+    """Wait for the requeue, check the preemption checkpoint, shorten the run, start it now, wait."""
+    wait_until(lambda: squeue_state(job, env) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), 120, "the job to be requeued")
+    wait_until(lambda: len(list(md.glob("checkpoint_*.mdl"))) == 1, 30, "the preemption checkpoint")
+    saved_step = int(re.findall(r"\d+", next(md.glob("checkpoint_*.mdl")).name)[0])
+    assert 0 < saved_step < 100000
+    params["runconfig"]["max_steps"] = saved_step + 50
     params_file.write_text(yaml.safe_dump(params))
+    time.sleep(10)  # Slurm's BeginTime delay exists so the first run's credential is revoked first
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=False)
+    wait_until(lambda: squeue_state(job, env) == "COMPLETED", 200, "the requeued run to finish")
+    return saved_step
+
+
+def test_csrun_cpu_use_sbatch_checkpoints_requeues_and_resumes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """submitit's preemption signal (USR2) -> the command checkpoints (USR1) -> requeue -> resume."""
+    params, params_file = long_debug_params(tmp_path)
+    md, logs = tmp_path / "md", tmp_path / "logs"
+    env = {**slurm_env, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(BIN / "csrun_cpu"), "--use-sbatch", "--log-dir", str(logs), "--time", "30", str(BIN / "python-pt"),
+                           str(REPO / "models" / "fc_mnist" / "run.py"), "--mode", "train", "--params", str(params_file), "-o", str(md)],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.split()[3].rstrip(";")
+    try:
+        out = lambda: "".join(p.read_text() for p in (logs / job).glob("*_log.out"))  # noqa: E731
+        wait_until(lambda: "Train: step" in out(), 120, "training to start")
+        subprocess.run(["scancel", "--signal=USR2", job], env=env, check=True)
+        saved_step = finish_after_requeue(job, env, md, params, params_file)
+    finally:
+        subprocess.run(["scancel", job], env=env, check=False)
+    text = out()
+    assert "requeued by Slurm (restart 1)" in text and "Training Completed Successfully!" in text
+    assert (md / f"checkpoint_{saved_step + 50}.mdl").exists()
+
+
+def test_csrun_wse_use_sbatch_checkpoints_requeues_and_resumes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """The heterogeneous batch job's SIGUSR1 (sent as Slurm would before the limit) -> checkpoint -> requeue -> resume."""
+    params, params_file = long_debug_params(tmp_path)
     md, logs = tmp_path / "md", tmp_path / "logs"
     env = {**slurm_env, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([str(BIN / "csrun_wse"), "--use-sbatch", "--log-dir", str(logs), "--time", "30", "--preempt-lead", "60",
@@ -52,22 +95,10 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_env: dict[str, str], tmp_pa
         wait_until(lambda: log.exists() and "Compile for training completed successfully!" in log.read_text(), 120, "training to start")
         time.sleep(2)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True)
-        wait_until(lambda: squeue_state(job, env) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), 120, "the job to be requeued")
-        first = sorted(md.glob("checkpoint_*.mdl"))
-        assert len(first) == 1, "the preemption checkpoint"
-        saved_step = int(re.findall(r"\d+", first[0].name)[0])
-        assert 0 < saved_step < 100000
-        # the run ends here: shorten it, and let the requeued job start now instead of after
-        # Slurm's BeginTime delay, once the first run's credential is revoked (a few seconds)
-        params["runconfig"]["max_steps"] = saved_step + 50
-        params_file.write_text(yaml.safe_dump(params))
-        time.sleep(10)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=False)
-        wait_until(lambda: squeue_state(job, env) == "COMPLETED", 200, "the requeued run to finish")
+        saved_step = finish_after_requeue(job, env, md, params, params_file)
     finally:
         subprocess.run(["scancel", job], env=env, check=False)
     text = log.read_text()
     assert "requeueing job" in (logs / job / f"{job}_log.err").read_text()
-    assert f"requeued by Slurm (restart 1)" in text
-    assert "Training Completed Successfully!" in text
+    assert "requeued by Slurm (restart 1)" in text and "Training Completed Successfully!" in text
     assert (md / f"checkpoint_{saved_step + 50}.mdl").exists()
