@@ -74,9 +74,7 @@ class Lamb(torch.optim.Optimizer):
                 if "exp_avg" not in st:
                     st["exp_avg"] = torch.zeros_like(p)
                     st["exp_avg_sq"] = torch.zeros_like(p)
-                m, v = st["exp_avg"], st["exp_avg_sq"]
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                m, v = _update_moments(st, g, b1, b2)
                 update = m / v.sqrt().add_(group["eps"])
                 if group["weight_decay"] != 0:
                     update.add_(p, alpha=group["weight_decay"])
@@ -89,6 +87,14 @@ class Lamb(torch.optim.Optimizer):
                 ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, one)
                 p.sub_(update * (ratio * group["lr"]))
         return loss
+
+
+def _update_moments(st: dict[str, Any], g: torch.Tensor, b1: float, b2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adam's moments in place: ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``; returns (m, v)."""
+    m, v = st["exp_avg"], st["exp_avg_sq"]
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    return m, v
 
 
 class AdamWNoBiasCorrection(torch.optim.Optimizer):
@@ -119,10 +125,7 @@ class AdamWNoBiasCorrection(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                st = self.state[p]
-                m, v = st["exp_avg"], st["exp_avg_sq"]
-                m.mul_(b1).add_(p.grad, alpha=1 - b1)
-                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                m, v = _update_moments(self.state[p], p.grad, b1, b2)
                 p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-group["lr"])
                 if group["weight_decay"] != 0:
                     p.add_(p, alpha=-group["lr"] * group["weight_decay"])

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from torch.utils.data import DataLoader
-
-from csrun.data import HDF5InputConfig, hdf5_dataloader
+from csrun.data import HDF5InputConfig
+from csrun.run.inputs import hdf5_input_fns
 from csrun.run.params import InputConfig, doc
 from csrun.typed_config import ConfigError
 
@@ -62,21 +61,4 @@ def hdf5_config(cfg: GptInputConfig, *, vocab_size: int | None = None) -> HDF5In
         max_sequence_length=cfg.max_sequence_length, vocab_size=vocab_size, vocab_file=cfg.vocab_file)
 
 
-def _dataloader(params: Any, section: str) -> DataLoader:
-    cfg = getattr(params, section)
-    if not isinstance(cfg, GptInputConfig):
-        raise ConfigError(f"{section}: needs a GPT-2 input section, got {type(cfg).__name__}")
-    vocab_size = getattr(params.model, "vocab_size", None)
-    import csrun.torch as cbtorch  # here, not at the top: importing the input config needs no torch API
-    return hdf5_dataloader(hdf5_config(cfg, vocab_size=vocab_size),
-                           shard_index=cbtorch.task_id(), num_shards=cbtorch.num_tasks())
-
-
-def train_input_dataloader(params: Any) -> DataLoader:
-    """The runner's ``train_input_fn``: this streamer's shard of ``params.train_input``."""
-    return _dataloader(params, "train_input")
-
-
-def eval_input_dataloader(params: Any) -> DataLoader:
-    """The runner's ``eval_input_fn``: this streamer's shard of ``params.eval_input``."""
-    return _dataloader(params, "eval_input")
+train_input_dataloader, eval_input_dataloader = hdf5_input_fns(GptInputConfig, hdf5_config, "GPT-2")
