@@ -12,13 +12,19 @@ Set by the launchers (srun and mpiexec pass the environment on to every task):
     The site config as the launcher saw it; ``CSRUN_MOUNT_DIRS`` includes ``--mount-dirs``.
     python-pt reads them, so a task uses the launcher's settings.
 
-``UCX_TLS``
-    Set to ``self,sm,tcp`` for Slurm launches unless already set. Under ``srun --mpi=pmi2``
-    the mpich wheel's (MPICH 5.0.2) PMI-2 client sends a large UCX business card in segments
-    and reads past its buffer ("mpi/pmi2: invalid client request"), so MPI_Init fails or
-    hangs; with these transports the card stays small. (The OFI netmod avoids it too, but
-    there MPI_Abort after a collective hangs instead of ending the job.) On an InfiniBand
-    cluster set ``UCX_TLS`` yourself (e.g. ``self,sm,rc``).
+``MPIR_CVAR_CH4_NETMOD``, ``FI_PROVIDER``
+    Set to ``ofi`` and ``tcp`` for Slurm launches unless ``MPIR_CVAR_CH4_NETMOD`` or
+    ``MPICH_CH4_NETMOD`` is already set (a ``FI_PROVIDER`` of your own is kept). Why: the
+    mpich wheel (MPICH 5.0.2) speaks PMI-1 to ``srun --mpi=pmi2``, and Slurm reads one PMI-1
+    request with a single 1024-byte ``read()``. With the UCX netmod, MPICH publishes a
+    4096-byte business card that is the UCX address followed by whatever heap memory lies
+    after it, so some of its PMI segments run past 1024 bytes, depending on the heap, and
+    the job dies in MPI_Init ("mpi/pmi2: invalid client request", "UCX ERROR failed to
+    unpack address"), now and then. OFI business cards are a few dozen bytes. ``tcp``,
+    because with libfabric's default choice a rank that exits non-zero under
+    ``python -m mpi4py`` waits for the others before its MPI_Abort ends the job.
+    Tasks on one node talk through MPICH's shared memory either way. On an InfiniBand or
+    Slingshot cluster set ``FI_PROVIDER`` (``verbs``, ``cxi``) yourself.
 
 ``CS_IP`` passes through untouched.
 """
@@ -30,6 +36,9 @@ import os
 from typing import Mapping
 
 from csrun.site import SiteConfig, site_environment
+
+NETMOD_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "MPICH_CH4_NETMOD")
+"""The variables that choose MPICH's network module; set by the user, they win."""
 
 
 def task_environment(
@@ -46,8 +55,9 @@ def task_environment(
     env = dict(os.environ if base is None else base)
     mounts = tuple(dict.fromkeys(site.mount_dirs + extra_mounts))
     env.update(site_environment(dataclasses.replace(site, mount_dirs=mounts)))
-    if mode == "slurm":
-        env.setdefault("UCX_TLS", "self,sm,tcp")
+    if mode == "slurm" and not any(name in env for name in NETMOD_VARIABLES):
+        env["MPIR_CVAR_CH4_NETMOD"] = "ofi"
+        env.setdefault("FI_PROVIDER", "tcp")
     env.update(
         CSRUN_LAUNCHER=launcher,
         CSRUN_LAUNCH_MODE=mode,

@@ -98,6 +98,25 @@ def test_a_failing_task_ends_the_step_within_seconds(slurm_env: dict[str, str], 
     assert elapsed < 60, f"the step took {elapsed:.0f}s to end after a task failed"
 
 
+SLURM_PMI1_READ = 1024
+"""Slurm's mpi/pmi2 plugin reads one PMI-1 request with a single read() of this many bytes."""
+
+
+def test_mpi_init_requests_fit_slurms_pmi_read_and_need_no_segments(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """Every PMI request MPI_Init sends across four nodes fits in one Slurm read, and no business
+    card is cut into segments: under UCX the card is 4 KB of address plus heap bytes, and a
+    segment past 1024 bytes killed MPI_Init now and then (CI, stop 7)."""
+    done = wse(["--total-nodes", "4", "--single-task-nodes", "1", "--tasks-per-node", "1"], tmp_path, {**slurm_env, "PMI_DEBUG": "1"})
+    assert done.returncode == 0, done.stderr
+    check_world(read_probes(tmp_path), 4)
+    requests = [line.split("pmi: ", 1)[1] for line in done.stderr.splitlines() if "send to fd=" in line and "pmi: cmd=" in line]
+    puts = [r for r in requests if r.startswith("cmd=put ")]
+    assert puts, "PMI_DEBUG showed no put: the address exchange was not seen"
+    longest = max(requests, key=len)
+    assert len(longest) + 1 <= SLURM_PMI1_READ, longest[:200]
+    assert not [p for p in puts if "value=segments=" in p], "a business card needed PMI segments"
+
+
 @pytest.mark.timeout(300)
 def test_use_sbatch_wait_returns_the_exit_code_and_leaves_logs(slurm_env: dict[str, str], tmp_path: Path) -> None:
     logs = tmp_path / "logs"
