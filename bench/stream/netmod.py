@@ -5,7 +5,9 @@ csrun's Slurm launches set ``MPIR_CVAR_CH4_NETMOD=ofi`` and ``FI_PROVIDER=tcp`` 
 PMI). This measures what that choice costs: part a of ``bench/stream/run.py`` (csrun's
 stream and raw MPI, one streamer, 4/16/64 MB batches) between two tasks on two Slurm nodes,
 run alternately with each netmod, and prints the median of the per-round ratios
-OFI / UCX for each batch size.
+OFI / UCX for each batch size. UCX runs twice: with ``self,tcp`` (what crosses a real
+network) and with ``self,sm,tcp`` (UCX finds the other "node" on this same host and uses
+shared memory, which a real cluster cannot).
 
 Run with the local cluster up (``slurm/local-cluster start``; ``SLURM_CONF`` exported)::
 
@@ -29,8 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {
     "ofi/tcp": {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"},
-    "ucx": {"MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "self,sm,tcp"},
+    "ucx self,tcp": {"MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "self,tcp"},
+    "ucx self,sm,tcp": {"MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "self,sm,tcp"},
 }
+BASELINE = "ofi/tcp"
 ROW = re.compile(r"\| a\. large batches \| (\d+) MB, 1 streamer \| ([\d.]+) GB/s \| raw MPI ([\d.]+) GB/s")
 
 
@@ -62,20 +66,20 @@ def main() -> int:
                 failures[name] += 1
             else:
                 results[name].append(rows)
-    pairs = list(zip(results["ofi/tcp"], results["ucx"]))
-    if not pairs:
-        print("no round where both netmods ran", file=sys.stderr)
+    rounds = [dict(zip(CONFIGS, group)) for group in zip(*(results[name] for name in CONFIGS))]
+    if not rounds:
+        print("no round where every netmod ran", file=sys.stderr)
         return 1
-    print(f"## netmods under srun --mpi=pmi2, 2 nodes, csrun stream part a ({len(pairs)} paired rounds; "
-          f"failed runs: ofi/tcp {failures['ofi/tcp']}, ucx {failures['ucx']})")
-    print("| batch | csrun ofi/tcp GB/s | csrun ucx GB/s | median ratio ofi/ucx | raw MPI ofi/tcp GB/s | raw MPI ucx GB/s |")
-    print("|---|---|---|---|---|---|")
-    for mb in sorted(pairs[0][0]):
-        ofi = [p[0][mb] for p in pairs]
-        ucx = [p[1][mb] for p in pairs]
-        ratio = statistics.median(o[0] / u[0] for o, u in zip(ofi, ucx))
-        print(f"| {mb} MB | {statistics.median(o[0] for o in ofi):.2f} | {statistics.median(u[0] for u in ucx):.2f} | "
-              f"{ratio:.2f} | {statistics.median(o[1] for o in ofi):.2f} | {statistics.median(u[1] for u in ucx):.2f} |")
+    others = [name for name in CONFIGS if name != BASELINE]
+    print(f"## netmods under srun --mpi=pmi2, 2 nodes, csrun stream part a ({len(rounds)} complete rounds; "
+          f"failed runs: {', '.join(f'{n} {failures[n]}' for n in CONFIGS)})")
+    print("| batch | " + " | ".join(f"csrun {n} GB/s" for n in CONFIGS) + " | "
+          + " | ".join(f"median ratio {BASELINE} / {n}" for n in others) + " |")
+    print("|---" * (1 + len(CONFIGS) + len(others)) + "|")
+    for mb in sorted(rounds[0][BASELINE]):
+        speeds = [f"{statistics.median(r[n][mb][0] for r in rounds):.2f}" for n in CONFIGS]
+        ratios = [f"{statistics.median(r[BASELINE][mb][0] / r[n][mb][0] for r in rounds):.2f}" for n in others]
+        print(f"| {mb} MB | " + " | ".join(speeds) + " | " + " | ".join(ratios) + " |")
     return 0
 
 
