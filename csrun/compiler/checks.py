@@ -9,6 +9,7 @@ otherwise the user's line that called into csrun.
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 from typing import Any, Iterable, Sequence
 
@@ -191,13 +192,28 @@ def check_dataloader(dataloader: Any) -> list[CompileError]:
     return [ShortLastBatch(f"the dataloader has drop_last=False{detail}", location=caller_location())]
 
 
+@functools.lru_cache(maxsize=16)
+def captured_treespec(dumped: str) -> pytree.TreeSpec | None:
+    """The captured input structure as a TreeSpec (None if it does not load back: compare text)."""
+    try:
+        return pytree.treespec_loads(dumped)
+    except Exception:  # noqa: BLE001 - a structure pytree cannot load back is compared as text
+        return None
+
+
 def check_batch(batch: Any, spec: ProgramSpec) -> None:
-    """Raise :class:`ShapeChanged` when a batch does not match the captured input schema."""
-    leaves_with_path, treespec = pytree.tree_flatten_with_path(batch)
-    if pytree.treespec_dumps(treespec) != spec.input_tree:
+    """Raise :class:`ShapeChanged` when a batch does not match the captured input schema.
+
+    Runs before every step on the chief, so the structure is compared as a TreeSpec (loaded
+    once per program) rather than serialised per batch.
+    """
+    leaves, treespec = pytree.tree_flatten(batch)
+    captured = captured_treespec(spec.input_tree)
+    same = treespec == captured if captured is not None else pytree.treespec_dumps(treespec) == spec.input_tree
+    if not same:
         raise ShapeChanged("the batch's structure (keys/nesting) differs from the first batch's", location=caller_location())
     diffs = []
-    for (path, leaf), want in zip(leaves_with_path, spec.inputs):
+    for leaf, want in zip(leaves, spec.inputs):
         got_shape = tuple(leaf.shape) if isinstance(leaf, torch.Tensor) else None
         got_dtype = str(leaf.dtype).removeprefix("torch.") if isinstance(leaf, torch.Tensor) else type(leaf).__name__
         if got_shape != tuple(want.shape) or got_dtype != want.dtype:

@@ -2,9 +2,12 @@
 
 Steps run asynchronously in submission order on one worker thread; ``submit`` returns a
 :class:`StepHandle` at once and blocks only when ``queue_depth`` steps are already in flight.
-State fetches and loads go through the same queue, so they happen at a step boundary. The
-first failing step makes the device unusable: its handle, every later handle and every later
-call raise that error.
+State fetches and loads go through the same queue, so they happen at a step boundary. On the
+CPU a training step's handle resolves as soon as its outputs exist, before the backward pass
+and the update (a step closure waits for the values, not for the update; a state fetch still
+waits for the whole step). The first failing step makes the device unusable: its handle
+(unless its outputs were already handed out), every later handle and every later call raise
+that error.
 """
 
 from __future__ import annotations
@@ -83,9 +86,10 @@ class EmbeddedDevice(Device):
                 if kind == "step":
                     if self._engine is None:
                         raise UserError("no program loaded on the device: load a program before submitting steps")
-                    out = outputs_to_cpu(self._engine.run_step(payload))
+                    out = self._engine.run_step(payload, publish=self._publisher(future))
                     self._last_step = self._engine.step
-                    future.set_result(out)
+                    if not future.done():
+                        future.set_result(outputs_to_cpu(out))
                 else:
                     future.set_result(payload())
             except BaseException as exc:  # noqa: BLE001 - the device must never die
@@ -97,10 +101,21 @@ class EmbeddedDevice(Device):
                         err.__cause__ = exc
                         log.error("step %d failed on the device", number, exc_info=exc)
                     self._error = err
-                future.set_exception(err)
+                if not future.done():  # outputs already handed out: the error surfaces at the next call
+                    future.set_exception(err)
             finally:
                 if kind == "step":
                     self._slots.release()
+
+    def _publisher(self, future: "Future[dict[str, torch.Tensor]]") -> Callable[[dict[str, Any]], None] | None:
+        """Resolve a step's handle as soon as the engine has its outputs (before the update).
+
+        CPU only: on CUDA the copy to the host would stall the worker until the forward has
+        run on the GPU, before it could queue the backward.
+        """
+        if self.device.type != "cpu":
+            return None
+        return lambda out: future.set_result(outputs_to_cpu(out))
 
     def _call(self, fn: Callable[[], T]) -> T:
         self._raise_if_failed()

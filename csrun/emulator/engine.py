@@ -201,10 +201,15 @@ class Engine:
             out.append(leaf.to(self.device, non_blocking=True))
         return pytree.tree_unflatten(out, tree)
 
-    def run_step(self, batch: Any) -> dict[str, torch.Tensor]:
+    def run_step(self, batch: Any, publish: Callable[[dict[str, Any]], None] | None = None) -> dict[str, torch.Tensor]:
         """Run one step on ``batch``; returns device tensors: ``loss``, and for training ``lr`` and
         ``loss_scale`` (the values this step used) and ``global_step`` (after it), plus the
-        program's extra outputs."""
+        program's extra outputs.
+
+        Every output is known once the forward has run, so a training step hands them to
+        ``publish`` then (copies, not views), before the backward pass and the update: whoever
+        waits for the values need not wait for the update too.
+        """
         inputs = self._to_device(batch)
         if not self.training:
             with torch.no_grad(), precision.forward_context(self.precision, self.device):
@@ -219,6 +224,16 @@ class Engine:
         with precision.forward_context(self.precision, self.device):
             loss, extra = _split_outputs(self.module(inputs))
         loss = loss.float()
+        out: dict[str, Any] = {
+            "loss": loss.detach().clone(),
+            "lr": torch.full((), lr, dtype=torch.float32, device=self.device),
+            "loss_scale": torch.full((), scale, dtype=torch.float32, device=self.device),
+            "global_step": self.global_step + 1,
+        }
+        for k, v in extra.items():
+            out[k] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+        if publish is not None:
+            publish(out)
         (loss * scale if scale != 1.0 else loss).backward()
         grads = [p.grad for p in self.params if p.grad is not None]
         overflow = scaler.unscale_and_check(grads)
@@ -230,14 +245,6 @@ class Engine:
         scaler.update(overflow)
         self._step += 1
         self.global_step.add_(1)
-        out: dict[str, Any] = {
-            "loss": loss.detach(),
-            "lr": torch.full((), lr, dtype=torch.float32, device=self.device),
-            "loss_scale": torch.full((), scale, dtype=torch.float32, device=self.device),
-            "global_step": self.global_step.clone(),
-        }
-        for k, v in extra.items():
-            out[k] = v.detach() if isinstance(v, torch.Tensor) else v
         return out
 
     def _optimizer_param_names(self) -> list[str]:

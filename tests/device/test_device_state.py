@@ -48,3 +48,20 @@ def test_set_state_refuses_a_state_that_does_not_fit(model_dir: str) -> None:
         cbtorch.set_state(bad)
     with pytest.raises(StateError, match="set_state needs the dict get_state"):
         cbtorch.set_state({"weights": 1})
+
+
+def test_get_state_in_a_step_closure_is_the_state_after_that_step(model_dir: str) -> None:
+    """The device hands a step's outputs out before its update; a closure's get_state still sees
+    the state after its own step, not before it and not after a later one."""
+    seen: dict[int, dict] = {}
+
+    def each_step(n: int, loss: object) -> None:
+        cbtorch.add_step_closure(lambda step: seen.__setitem__(step, cbtorch.get_state()), args=(n + 1,))
+
+    train("embedded", steps=6, model_dir=model_dir, each_step=each_step)
+    assert sorted(seen) == list(range(1, 7))
+    assert [seen[k]["global_step"] for k in range(1, 7)] == list(range(1, 7))
+    for k in (3, 6):
+        alone = train("embedded", steps=k, model_dir=model_dir)
+        for name, want in alone.state["model"].items():
+            assert torch.equal(seen[k]["model"][name], want), (k, name)

@@ -3,6 +3,8 @@ at step boundaries, step errors surface at the next boundary, state round-trips.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -58,6 +60,37 @@ def test_reading_a_device_tensor_outside_a_step_closure_is_refused() -> None:
         value = loss.resolve()  # what the step-closure machinery does at the boundary
         assert value.device.type == "cpu" and value.dim() == 0
         assert handle.result()["loss"] is value
+
+
+def test_outputs_come_before_the_update_and_a_later_failure_still_poisons_the_device() -> None:
+    """A training step's handle resolves once the forward has run; if its update then fails, the
+    values already handed out stand, and the next step and the next state fetch raise."""
+    batches = mlp_batches(3)
+    ep, spec = make_program(MLP(), batches[0])
+    with EmbeddedDevice(notice=quiet) as dev:
+        dev.load(ep, spec)
+        dev.synchronize()
+        engine = dev._engine
+        assert engine is not None
+        update_started = threading.Event()
+        release = threading.Event()
+        real_step = engine.optimizer.step
+
+        def slow_failing_step(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            update_started.set()
+            release.wait(10)
+            raise RuntimeError("the update broke")
+
+        engine.optimizer.step = slow_failing_step
+        handle = dev.submit(batches[0])
+        loss = handle.result(timeout=5)["loss"]  # resolves although the update cannot finish
+        assert loss.dim() == 0 and update_started.wait(10) and not release.is_set()
+        release.set()
+        with pytest.raises(StepFailed, match="step 1 failed on the device"):
+            dev.synchronize()
+        with pytest.raises(StepFailed):
+            dev.submit(batches[1])
+        engine.optimizer.step = real_step
 
 
 def test_step_errors_surface_at_the_next_boundary() -> None:
