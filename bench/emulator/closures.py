@@ -5,12 +5,14 @@ Command (from the repository root)::
     .venv/bin/python bench/emulator/closures.py [--steps 200] [--rounds 5]
 
 One process, a lone chief (no streamers), ``cs_ip="embedded"``: the same MLP (784-512-512-10,
-batch 128, SGD + momentum, float32) is trained for ``--steps`` steps per round, once with a
-closure that reads the loss at every step and once with no closure at all (the loss is read
-once, at the end, through ``get_state``), alternating for ``--rounds`` rounds. Prints the
-median step time of each and the median of the per-round ratios (target <= 1.02) as a
-markdown table. A closure makes the chief wait for its step's values, so the chief can no
-longer run ``queue_depth`` steps ahead: the ratio is the cost of that synchronisation.
+batch 128, SGD + momentum, float32) is trained for ``--steps`` steps per round three ways:
+with a closure that reads the loss at every step, with the same closure as
+``run_async=True``, and with no closure at all (the loss is read once, at the end, through
+``get_state``), alternating for ``--rounds`` rounds. Prints the median step time of each and
+the median of the per-round ratios (target <= 1.02) as a markdown table. A plain closure
+makes the chief wait for its step's outputs (handed out after the forward, before the
+update), so the chief's own work for the next step (here mostly the DataLoader) overlaps
+only the device's backward and update; an async closure waits on a thread instead.
 """
 
 from __future__ import annotations
