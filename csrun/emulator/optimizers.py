@@ -35,7 +35,48 @@ OPTIMIZERS: dict[str, str] = {
 """Legacy ``optimizer_type`` (lower case) to class name."""
 
 
-class Lamb(torch.optim.Optimizer):
+class _AdamMoments(torch.optim.Optimizer):
+    """An optimizer built on Adam's moments without bias correction.
+
+    The moments are zero-initialised eagerly (the system created optimizer state before the
+    first step). ``step`` updates them per parameter with a gradient
+    (``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``) and hands them to :meth:`_apply`.
+    """
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._zero_moments(self.state[p], p)
+
+    @staticmethod
+    def _zero_moments(st: dict[str, Any], p: torch.Tensor) -> None:
+        st["exp_avg"] = torch.zeros_like(p)
+        st["exp_avg_sq"] = torch.zeros_like(p)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Apply one update to every parameter with a gradient."""
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if "exp_avg" not in st:  # e.g. a loaded state without this parameter's moments
+                    self._zero_moments(st, p)
+                m, v = st["exp_avg"], st["exp_avg_sq"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                self._apply(p, m, v, group)
+        return loss
+
+    def _apply(self, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class Lamb(_AdamMoments):
     """LAMB (You et al. 2019, v3 of the paper) as the legacy model zoo ran it.
 
     Per parameter: ``m = b1 m + (1-b1) g``; ``v = b2 v + (1-b2) g^2`` (no bias correction);
@@ -55,49 +96,22 @@ class Lamb(torch.optim.Optimizer):
         if lr < 0 or eps < 0 or not (0 <= betas[0] < 1) or not (0 <= betas[1] < 1):
             raise SpecError(f"lamb: invalid hyperparameters lr={lr} eps={eps} betas={betas}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, adam=adam))
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["exp_avg"] = torch.zeros_like(p)
-                self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        """Apply one LAMB update to every parameter with a gradient."""
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                st = self.state[p]
-                if "exp_avg" not in st:
-                    st["exp_avg"] = torch.zeros_like(p)
-                    st["exp_avg_sq"] = torch.zeros_like(p)
-                m, v = _update_moments(st, g, b1, b2)
-                update = m / v.sqrt().add_(group["eps"])
-                if group["weight_decay"] != 0:
-                    update.add_(p, alpha=group["weight_decay"])
-                if group["adam"]:
-                    p.sub_(update, alpha=group["lr"])
-                    continue
-                w_norm = p.norm().clamp(0, 10)
-                u_norm = update.norm()
-                one = torch.ones((), dtype=w_norm.dtype, device=w_norm.device)
-                ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, one)
-                p.sub_(update * (ratio * group["lr"]))
-        return loss
+    def _apply(self, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, group: dict[str, Any]) -> None:
+        update = m / v.sqrt().add_(group["eps"])
+        if group["weight_decay"] != 0:
+            update.add_(p, alpha=group["weight_decay"])
+        if group["adam"]:
+            p.sub_(update, alpha=group["lr"])
+            return
+        w_norm = p.norm().clamp(0, 10)
+        u_norm = update.norm()
+        one = torch.ones((), dtype=w_norm.dtype, device=w_norm.device)
+        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, one)
+        p.sub_(update * (ratio * group["lr"]))
 
 
-def _update_moments(st: dict[str, Any], g: torch.Tensor, b1: float, b2: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Adam's moments in place: ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``; returns (m, v)."""
-    m, v = st["exp_avg"], st["exp_avg_sq"]
-    m.mul_(b1).add_(g, alpha=1 - b1)
-    v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    return m, v
-
-
-class AdamWNoBiasCorrection(torch.optim.Optimizer):
+class AdamWNoBiasCorrection(_AdamMoments):
     """AdamW without bias correction (the model zoo's ``correct_bias: false``, the BERT/HF form):
     ``m = b1 m + (1-b1) g``; ``v = b2 v + (1-b2) g^2``; ``p -= lr * m / (sqrt(v) + eps)``;
     then ``p -= lr * wd * p`` (decoupled decay). State is zero-initialised eagerly."""
@@ -111,25 +125,11 @@ class AdamWNoBiasCorrection(torch.optim.Optimizer):
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["exp_avg"] = torch.zeros_like(p)
-                self.state[p]["exp_avg_sq"] = torch.zeros_like(p)
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        """Apply one update to every parameter with a gradient."""
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                m, v = _update_moments(self.state[p], p.grad, b1, b2)
-                p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-group["lr"])
-                if group["weight_decay"] != 0:
-                    p.add_(p, alpha=-group["lr"] * group["weight_decay"])
-        return loss
+    def _apply(self, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, group: dict[str, Any]) -> None:
+        p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-group["lr"])
+        if group["weight_decay"] != 0:
+            p.add_(p, alpha=-group["lr"] * group["weight_decay"])
 
 
 def _class_for(name: str, hp: dict[str, Any]) -> type[torch.optim.Optimizer]:
