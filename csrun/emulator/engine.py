@@ -207,7 +207,7 @@ class Engine:
         program's extra outputs.
 
         Every output is known once the forward has run, so a training step hands them to
-        ``publish`` then (copies, not views), before the backward pass and the update: whoever
+        ``publish`` then (extra outputs copied), before the backward pass and the update: whoever
         waits for the values need not wait for the update too.
         """
         inputs = self._to_device(batch)
@@ -225,13 +225,13 @@ class Engine:
             loss, extra = _split_outputs(self.module(inputs))
         loss = loss.float()
         out: dict[str, Any] = {
-            "loss": loss.detach().clone(),
+            "loss": loss.detach(),
             "lr": torch.full((), lr, dtype=torch.float32, device=self.device),
             "loss_scale": torch.full((), scale, dtype=torch.float32, device=self.device),
             "global_step": self.global_step + 1,
         }
-        for k, v in extra.items():
-            out[k] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+        for k, v in extra.items():  # copied when handed out early: an extra may alias a weight the update changes
+            out[k] = (v.detach().clone() if publish is not None else v.detach()) if isinstance(v, torch.Tensor) else v
         if publish is not None:
             publish(out)
         (loss * scale if scale != 1.0 else loss).backward()

@@ -171,11 +171,9 @@ def test_extra_outputs_and_int32_inputs() -> None:
     assert out["pred"].shape == (6,) and out["global_step"].item() == 1
 
 
-@pytest.mark.parametrize("device,needle", [("tpu", "cpu, cuda or cuda:<index>"), ("cuda:7", "CUDA"),
+@pytest.mark.parametrize("device,needle", [("tpu", "cpu, cuda or cuda:<index>"), ("cuda:4096", "CUDA"),
                                            ("bogus:device", "not a device")])
 def test_bad_devices(device: str, needle: str) -> None:
-    if torch.cuda.is_available() and device == "cuda:7" and torch.cuda.device_count() > 7:
-        pytest.skip("this machine has 8 GPUs")
     with pytest.raises(SpecError, match="device") as info:
         parse_device(device)
     assert needle in str(info.value)

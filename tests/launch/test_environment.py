@@ -15,16 +15,16 @@ def test_contract_variables_and_mount_dirs_merge() -> None:
     assert "MPIR_CVAR_CH4_NETMOD" not in env and "FI_PROVIDER" not in env
 
 
-def slurm_env(base: dict[str, str]) -> dict[str, str]:
+def slurm_launch_env(base: dict[str, str]) -> dict[str, str]:
     return task_environment(launcher="csrun_wse", mode="slurm", site=SiteConfig(), extra_mounts=(), total_tasks=2, total_nodes=1, base=base)
 
 
 def test_slurm_launches_use_ofi_tcp_unless_the_user_chose_a_netmod() -> None:
-    env = slurm_env({})
+    env = slurm_launch_env({})
     assert (env["MPIR_CVAR_CH4_NETMOD"], env["FI_PROVIDER"]) == ("ofi", "tcp")
-    env = slurm_env({"FI_PROVIDER": "verbs"})
+    env = slurm_launch_env({"FI_PROVIDER": "verbs"})
     assert (env["MPIR_CVAR_CH4_NETMOD"], env["FI_PROVIDER"]) == ("ofi", "verbs")
-    env = slurm_env({"MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "rc,self"})
+    env = slurm_launch_env({"MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "rc,self"})
     assert (env["MPIR_CVAR_CH4_NETMOD"], env["UCX_TLS"]) == ("ucx", "rc,self") and "FI_PROVIDER" not in env
-    env = slurm_env({"MPICH_CH4_NETMOD": "ucx"})
+    env = slurm_launch_env({"MPICH_CH4_NETMOD": "ucx"})
     assert "MPIR_CVAR_CH4_NETMOD" not in env and "FI_PROVIDER" not in env

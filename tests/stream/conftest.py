@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +13,10 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 @pytest.fixture(scope="session")
 def mpiexec() -> Path:
-    """The venv's mpiexec (skip the MPI tests without it)."""
+    """The venv's mpiexec (skip the MPI tests without it locally; fail in CI)."""
     if not MPIEXEC.exists():
-        pytest.skip(f"no mpiexec next to {sys.executable}")
+        why = f"no mpiexec next to {sys.executable} (install the mpi extra: pip install -e .[mpi])"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must have MPI: {why}")
+        pytest.skip(why)
     return MPIEXEC
