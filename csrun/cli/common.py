@@ -1,27 +1,20 @@
-"""What every command shares: turning user errors into one message and an exit code, running a child."""
+"""What every command shares: its console entry, echoing and running its launch line.
+
+``run_cli`` (user errors as one line and an exit code) and ``run_child`` (a child with
+signals passed on) live in :mod:`csrun.launch.process`, where launch wrappers can reach
+them; they are re-exported here for the commands.
+"""
 
 from __future__ import annotations
 
 import shlex
-import signal
-import subprocess
 import sys
 from typing import Callable, Sequence
 
-from csrun.errors import LaunchError, UserError
+from csrun.errors import LaunchError
+from csrun.launch.process import run_child, run_cli
 
-
-def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
-    """Run a command's body on ``argv`` (default ``sys.argv[1:]``); a :class:`UserError` becomes
-    ``prog: error: ...`` on stderr and its exit code."""
-    try:
-        return body(sys.argv[1:] if argv is None else list(argv))
-    except UserError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-        return 130
+__all__ = ["run_cli", "run_child", "console_entry", "show_and_run", "say", "shown"]
 
 
 def console_entry(main: Callable[[], int]) -> Callable[[], None]:
@@ -54,29 +47,3 @@ def say(line: str) -> None:
 def shown(argv: Sequence[str]) -> str:
     """An argv as a shell line a user could paste."""
     return shlex.join(list(argv))
-
-
-def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False) -> int:
-    """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 on to it; its exit code (128+N for signal N).
-
-    ``keep_fds``: the child inherits every open file descriptor (an MPI task needs the PMI
-    socket srun gave this process, named by ``PMI_FD``).
-    """
-    child = subprocess.Popen(list(argv), env=env, close_fds=not keep_fds)
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-    previous = {s: signal.getsignal(s) for s in forwarded}
-
-    def forward(signum: int, _frame: object) -> None:
-        child.send_signal(signum)
-
-    try:
-        for s in forwarded:
-            signal.signal(s, forward)
-    except ValueError:  # not the main thread: signals stay as they are
-        previous = {}
-    try:
-        code = child.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return 128 - code if code < 0 else code

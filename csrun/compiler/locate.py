@@ -35,11 +35,6 @@ def is_user_file(filename: str) -> bool:
     return True
 
 
-def is_torch_file(filename: str) -> bool:
-    """True for a file inside the torch package."""
-    return os.path.abspath(filename).startswith(_TORCH_DIR)
-
-
 def location_of(filename: str, lineno: int, function: str = "") -> Location:
     """A :class:`Location` with the stripped source line filled in."""
     return Location(filename=os.path.abspath(filename), lineno=lineno, function=function,

@@ -27,9 +27,9 @@ import sys
 import threading
 import time
 
-from csrun.cli.common import run_child, run_cli
 from csrun.cluster import cluster_info
 from csrun.errors import LaunchError, UsageError
+from csrun.launch.process import run_child, run_cli
 
 PROG = "csrun_wse --emulator"
 LISTENING = "cs_emulator: listening on "

@@ -1,0 +1,57 @@
+"""Running one command: a child process with signals passed on, a body with user errors as one line.
+
+:func:`run_child` runs an argv to its end and returns its exit code (128+N for signal N),
+forwarding SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 so Slurm's preemption signals reach the
+training script. :func:`run_cli` runs a command's body and turns a
+:class:`~csrun.errors.UserError` into ``prog: error: ...`` on stderr and its exit code.
+Both live here, in ``launch/``, because launch wrappers (``python -m
+csrun.launch.job_emulator``) are commands too; :mod:`csrun.cli.common` re-exports them.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from typing import Callable, Sequence
+
+from csrun.errors import UserError
+
+
+def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
+    """Run a command's body on ``argv`` (default ``sys.argv[1:]``); a :class:`UserError` becomes
+    ``prog: error: ...`` on stderr and its exit code."""
+    try:
+        return body(sys.argv[1:] if argv is None else list(argv))
+    except UserError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False) -> int:
+    """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 on to it; its exit code (128+N for signal N).
+
+    ``keep_fds``: the child inherits every open file descriptor (an MPI task needs the PMI
+    socket srun gave this process, named by ``PMI_FD``).
+    """
+    child = subprocess.Popen(list(argv), env=env, close_fds=not keep_fds)
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+    previous = {s: signal.getsignal(s) for s in forwarded}
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    try:
+        for s in forwarded:
+            signal.signal(s, forward)
+    except ValueError:  # not the main thread: signals stay as they are
+        previous = {}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 - code if code < 0 else code
