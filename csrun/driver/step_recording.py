@@ -1,0 +1,710 @@
+"""Whole-step capture: what a training step computes from the batch, recorded and replayed as one program.
+
+Users write a step the typical way, and csrun captures all of it, as the system traced it::
+
+    inputs, targets = batch                    # the batch's tensors are step values
+    outputs = model(inputs)                    # any number of calls, positional or keyword
+    loss = loss_fn(outputs, targets)           # loss modules, functional ops, dict/dataclass outputs
+    loss.backward(); optimizer.step()
+    acc = (outputs.argmax(1) == targets).float().mean()   # still part of the step
+    cm.add_step_closure(log, args=(step, loss, acc))
+
+How it works
+------------
+On the device path the batch the Session hands out, the wrapped model's outputs and every
+tensor computed from them are :class:`StepValue` s: tensors whose shape and dtype are known
+but whose value lives on the device. ``__torch_function__`` sees every torch function or
+tensor method applied to a step value and records it; the wrapped model's calls are
+recorded as calls. ``loss.backward()`` names the loss. The step ends at its boundary (the
+next batch, ``mark_step()``, the end of the Session); the :class:`StepRecorder` then holds a
+:class:`Recording`:
+
+* **Step 1 records.** Each recorded call also runs eagerly on the CPU copies (no autograd,
+  buffers and the RNG restored afterwards), only to learn the shapes, dtypes and output
+  structures the user's code sees. :meth:`Recording.replay_forward` turns the recording
+  into ``forward(batch) -> {"loss": ..., "v<i>": ...}``: the model's own forward for each
+  call, then the recorded operations, which is what ``torch.export`` captures and the
+  compiler compiles. ``model(batch)`` returning the loss is the special case of one call
+  and no operation.
+* **Later steps check.** Nothing runs on the CPU: each call and operation is compared with
+  the compiled recording at the same position (function, argument structure, constants,
+  shapes) and answered with new step values of the cached shapes. The cost per step is a
+  few microseconds per recorded operation.
+* **A different step is refused.** A call or operation that differs from the compiled one
+  (another branch taken, another loss, another shape), a missing or extra one, raises
+  :class:`StepChanged` naming the user's file and line and what was compiled there. The
+  system ran one compiled step per Session and refused a different one; so does csrun
+  (start a new Session, e.g. per mode, to compile another step).
+
+Values of the step
+------------------
+The program's outputs are the loss and every step value the user still holds when the
+step ends on step 1 (model outputs, metrics passed to closures). After the boundary a step
+value reads its value from the device **inside a step closure** (as an argument, or
+captured by the closure); anywhere else every operation on it (``item``, ``float()``,
+printing, comparison, indexing, ``cpu``, ``detach`` ...) raises the system's hint
+(:data:`csrun.emulator.errors.READ_HINT`). A value the compiled step did not keep raises
+:class:`ValueNotKept` naming the line that made it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+from csrun.compiler.errors import Location
+from csrun.compiler.locate import caller_location
+from csrun.emulator.errors import READ_HINT, DeviceTensorReadError
+from csrun.errors import UserError
+
+# --------------------------------------------------------------------------------------------
+# errors
+
+
+class StepChanged(UserError):
+    """A step's calls or operations differ from the compiled step's."""
+
+    def __init__(self, what: str, *, compiled: str, location: Location | None) -> None:
+        where = f"{location.filename}:{location.lineno}: " if location is not None else ""
+        line = f"\n    {location.source_line}" if location is not None and location.source_line else ""
+        super().__init__(
+            f"{where}this step differs from the compiled one: {what} (compiled: {compiled}).{line}\n"
+            "The system runs the step it compiled on the first batch; make every step of the Session "
+            "compute the same thing (the same calls, operations and shapes), or start a new Session.")
+        self.location = location
+
+
+class ValueNotKept(UserError):
+    """A step value was read that the compiled step does not hand back."""
+
+
+class StepValueError(UserError):
+    """A step value was used in a way the device path cannot run."""
+
+
+# --------------------------------------------------------------------------------------------
+# templates: a call's arguments with step values replaced by references
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A step value, by its number in the step (0.. the batch's leaves, then every result)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Const:
+    """A tensor that is not a step value (a constant of the step, e.g. a class-weight tensor)."""
+
+    tensor: torch.Tensor
+
+    def same_as(self, other: "Const") -> bool:
+        """Same tensor, or an equal small one made anew each step."""
+        a, b = self.tensor, other.tensor
+        if a is b:
+            return True
+        if a.shape != b.shape or a.dtype != b.dtype or a.numel() > 4096:
+            return False
+        return bool(torch.equal(a, b))
+
+
+_SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout,
+            type(Ellipsis), torch.Size)
+
+
+def _template(x: Any) -> Any:
+    """``x`` with step values -> :class:`Ref` and other tensors -> :class:`Const`."""
+    if isinstance(x, StepValue):
+        return Ref(x._ref)
+    if isinstance(x, torch.Tensor):
+        return Const(x)
+    if isinstance(x, _SCALARS):
+        return x
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_template(v) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_template(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _template(v) for k, v in x.items()}
+    if isinstance(x, slice):
+        return slice(_template(x.start), _template(x.stop), _template(x.step))
+    return x
+
+
+def _matches(t: Any, x: Any) -> bool:
+    """A live argument ``x`` matches the compiled template ``t`` (the per-step check, kept lean)."""
+    if isinstance(x, StepValue):
+        return type(t) is Ref and t.index == x._ref
+    if isinstance(x, torch.Tensor):
+        return type(t) is Const and t.same_as(Const(x))
+    tx = type(x)
+    if tx is not type(t):
+        return False
+    if tx is tuple or tx is list or (isinstance(x, tuple)):
+        return len(t) == len(x) and all(_matches(a, b) for a, b in zip(t, x))
+    if isinstance(x, dict):
+        return t.keys() == x.keys() and all(_matches(t[k], x[k]) for k in x)
+    if tx is slice:
+        return _matches(t.start, x.start) and _matches(t.stop, x.stop) and _matches(t.step, x.step)
+    try:
+        return bool(t == x)
+    except Exception:  # an object without a usable ==: same only if identical
+        return t is x
+
+
+def _first_step_value(x: Any) -> "StepValue | None":
+    """The first step value among (nested) arguments, or None."""
+    if isinstance(x, StepValue):
+        return x
+    if isinstance(x, (list, tuple)):
+        for v in x:
+            found = _first_step_value(v)
+            if found is not None:
+                return found
+    elif isinstance(x, dict):
+        for v in x.values():
+            found = _first_step_value(v)
+            if found is not None:
+                return found
+    return None
+
+
+def _fill(t: Any, env: Callable[[int], Any]) -> Any:
+    """A template with each :class:`Ref` replaced by ``env(index)`` and constants by their tensors."""
+    if isinstance(t, Ref):
+        return env(t.index)
+    if isinstance(t, Const):
+        return t.tensor
+    if isinstance(t, tuple) and hasattr(t, "_fields"):
+        return type(t)(*(_fill(v, env) for v in t))
+    if isinstance(t, (list, tuple)):
+        return type(t)(_fill(v, env) for v in t)
+    if isinstance(t, dict):
+        return {k: _fill(v, env) for k, v in t.items()}
+    if isinstance(t, slice):
+        return slice(_fill(t.start, env), _fill(t.stop, env), _fill(t.step, env))
+    return t
+
+
+def _describe(t: Any) -> str:
+    if isinstance(t, Ref):
+        return f"v{t.index}"
+    if isinstance(t, Const):
+        return f"tensor{tuple(t.tensor.shape)}"
+    if isinstance(t, (list, tuple)):
+        inner = ", ".join(_describe(v) for v in t)
+        return f"({inner})" if isinstance(t, tuple) else f"[{inner}]"
+    if isinstance(t, dict):
+        return "{" + ", ".join(f"{k}={_describe(v)}" for k, v in t.items()) + "}"
+    return repr(t)
+
+
+# --------------------------------------------------------------------------------------------
+# outputs of a call: any nesting of tensors in tuples, lists, dicts, dataclasses (ModelOutput)
+
+
+def flatten_output(obj: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """The tensor leaves of a call's result and a function that rebuilds it around new leaves.
+
+    Handles tensors, tuples (named too), lists, dicts (``OrderedDict`` and Hugging Face's
+    ``ModelOutput`` too) and dataclasses; anything else is a constant of the structure.
+    """
+    if isinstance(obj, torch.Tensor):
+        return [obj], lambda leaves: leaves[0]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not isinstance(obj, dict):
+        names = [f.name for f in dataclasses.fields(obj)]
+        parts = [flatten_output(getattr(obj, n)) for n in names]
+        return _combine(parts, lambda values: dataclasses.replace(obj, **dict(zip(names, values))))
+    if isinstance(obj, dict):
+        keys = list(obj.keys())
+        parts = [flatten_output(obj[k]) for k in keys]
+
+        def make_dict(values: list[Any]) -> Any:
+            if dataclasses.is_dataclass(obj):  # ModelOutput: a dataclass and an OrderedDict
+                return type(obj)(**dict(zip(keys, values)))
+            out = type(obj)() if type(obj) is not dict else {}
+            out.update(zip(keys, values))
+            return out
+
+        return _combine(parts, make_dict)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        parts = [flatten_output(v) for v in obj]
+        return _combine(parts, lambda values: type(obj)(*values))
+    if isinstance(obj, (list, tuple)):
+        parts = [flatten_output(v) for v in obj]
+        return _combine(parts, lambda values: type(obj)(values))
+    return [], lambda leaves: obj
+
+
+def _combine(parts: list[tuple[list[Any], Callable[[list[Any]], Any]]],
+             make: Callable[[list[Any]], Any]) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    leaves: list[Any] = []
+    sizes: list[int] = []
+    for part_leaves, _ in parts:
+        leaves.extend(part_leaves)
+        sizes.append(len(part_leaves))
+
+    def rebuild(new: list[Any]) -> Any:
+        values, at = [], 0
+        for (_, sub), n in zip(parts, sizes):
+            values.append(sub(new[at:at + n]))
+            at += n
+        return make(values)
+
+    return leaves, rebuild
+
+
+# --------------------------------------------------------------------------------------------
+# the recording
+
+
+@dataclass
+class Entry:
+    """One recorded call (``func is None``: the wrapped model) or operation."""
+
+    func: Callable[..., Any] | None
+    args: Any
+    kwargs: Any
+    results: tuple[int, ...]
+    """Numbers of the step values the call produced, in :func:`flatten_output` order."""
+    result_meta: tuple[tuple[torch.Size, torch.dtype], ...]
+    rebuild: Callable[[list[Any]], Any]
+    location: Location | None
+    inplace_of: int | None = None
+    """For an in-place method (``x.add_(1)``): the value it updated (later reads see the result)."""
+
+    def describe(self) -> str:
+        """``name(args)`` as the user would recognise it."""
+        name = "model" if self.func is None else getattr(self.func, "__name__", repr(self.func))
+        at = f" at {self.location.filename}:{self.location.lineno}" if self.location else ""
+        return f"{name}{_describe(tuple(self.args))}{at}"
+
+
+@dataclass
+class Recording:
+    """A whole step: the batch's structure, its calls and operations, the loss and the kept values."""
+
+    batch_meta: tuple[tuple[torch.Size, torch.dtype], ...]
+    batch_spec: pytree.TreeSpec
+    entries: list[Entry] = field(default_factory=list)
+    loss: int | None = None
+    """The value ``backward()`` was called on (None in an eval step)."""
+    kept: tuple[int, ...] = ()
+    """Values handed back besides the loss: model outputs and what the user held at the end."""
+    value_lines: dict[int, Location | None] = field(default_factory=dict)
+
+    @property
+    def output_names(self) -> dict[int, str]:
+        """Value number -> the program's output name (``loss`` first)."""
+        names: dict[int, str] = {}
+        if self.loss is not None:
+            names[self.loss] = "loss"
+        for i in self.kept:
+            names.setdefault(i, f"v{i}")
+        return names
+
+    def replay_forward(self, call_model: Callable[..., Any]) -> Callable[[Any], dict[str, torch.Tensor]]:
+        """``forward(batch)`` replaying the step: ``call_model(*args, **kwargs)`` runs the model's own forward."""
+        entries = list(self.entries)
+        names = self.output_names
+        n_batch = len(self.batch_meta)
+
+        def forward(batch: Any) -> dict[str, torch.Tensor]:
+            env: dict[int, Any] = dict(enumerate(pytree.tree_leaves(batch)))
+            if len(env) != n_batch:
+                raise StepValueError(f"the batch has {len(env)} tensors; the recorded step had {n_batch}")
+            for e in entries:
+                args = _fill(e.args, env.__getitem__)
+                kwargs = _fill(e.kwargs, env.__getitem__)
+                out = call_model(*args, **kwargs) if e.func is None else e.func(*args, **kwargs)
+                leaves, _ = flatten_output(out)
+                env.update(zip(e.results, leaves))
+            return {name: env[i] for i, name in names.items()}
+
+        return forward
+
+
+# --------------------------------------------------------------------------------------------
+# step values
+
+
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def in_closure() -> Iterator[None]:
+    """Step values read their device value inside this block (the step-closure runner uses it)."""
+    depth = getattr(_STATE, "closure_depth", 0)
+    _STATE.closure_depth = depth + 1
+    try:
+        yield
+    finally:
+        _STATE.closure_depth = depth
+
+
+def _inside_closure() -> bool:
+    return getattr(_STATE, "closure_depth", 0) > 0
+
+
+_METADATA = frozenset({
+    "size", "dim", "ndimension", "numel", "nelement", "is_floating_point", "is_complex", "element_size",
+    "get_device", "is_contiguous", "stride", "storage_offset", "__len__",
+})
+_METADATA_PROPERTIES = frozenset({
+    "shape", "dtype", "device", "ndim", "is_cuda", "is_sparse", "is_quantized", "is_meta", "layout",
+    "requires_grad", "is_leaf", "grad_fn", "names", "itemsize", "nbytes",
+})
+_READS = {
+    "item": "call .item() on", "tolist": "call .tolist() on", "numpy": "call .numpy() on",
+    "__bool__": "take the truth value of", "__float__": "take float() of", "__int__": "take int() of",
+    "__index__": "use as an index", "__format__": "format", "__repr__": "print", "__str__": "print",
+    "__array__": "convert to an array", "__reduce_ex__": "pickle", "__deepcopy__": "copy",
+    "data_ptr": "take the address of", "untyped_storage": "take the storage of", "__iter__": "iterate over",
+}
+"""Operations that need a value: refused while the step is open (its values are on the device)."""
+_DEVICE_MOVES = frozenset({"to", "cuda", "cpu"})
+"""On a step value that belongs to an open step, ``.to(device)`` is the identity (the value
+is on the system already); a ``.to(dtype)`` is recorded."""
+
+
+def _func_name(func: Any) -> str:
+    name = getattr(func, "__name__", "")
+    if name == "__get__":
+        owner = getattr(func, "__self__", None)
+        name = getattr(owner, "__name__", "") or getattr(getattr(owner, "fget", None), "__name__", "")
+    return name
+
+
+_KINDS: dict[Any, tuple[str, str]] = {}
+
+
+def _kind(func: Any) -> tuple[str, str]:
+    """(kind, name) of a torch function: ``meta`` (shape, dtype ...: answered here) or ``op``; cached."""
+    try:
+        return _KINDS[func]
+    except (KeyError, TypeError):
+        pass
+    name = _func_name(func)
+    kind = ("meta", name) if name in _METADATA_PROPERTIES or name in _METADATA else ("op", name)
+    try:
+        _KINDS[func] = kind
+    except TypeError:  # an unhashable callable: not cached
+        pass
+    return kind
+
+
+class StepValue(torch.Tensor):
+    """A tensor of a step on the device: shape and dtype here, the value on the device (module manual)."""
+
+    _recorder: "StepRecorder"
+    _ref: int
+    _step: "StepState"
+    _value: torch.Tensor | None
+
+    @staticmethod
+    def __new__(cls, recorder: "StepRecorder", step: "StepState", ref: int, shape: torch.Size,
+                dtype: torch.dtype, value: torch.Tensor | None = None) -> "StepValue":
+        out = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu", requires_grad=False)
+        out._recorder = recorder
+        out._step = step
+        out._ref = ref
+        out._value = value
+        return out
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        kind, name = _kind(func)
+        if kind == "meta":
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        first = _first_step_value(args)
+        if first is None:
+            first = _first_step_value(kwargs)
+        if first is None:  # e.g. a torch function that got a step value's type only
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        return first._recorder.operation(func, name, first, args, kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        raise StepValueError(
+            f"{func} reached a step value below torch's Python layer; step values take torch functions "
+            "and tensor methods (csrun records them) — please report this with the line that made it")
+
+
+@dataclass(eq=False)
+class StepState:
+    """One step's values: open (recording or checking) until the boundary, then closed."""
+
+    number: int
+    n_batch: int
+    """Values 0..n_batch-1 are the batch's tensors (their values are here, on the chief)."""
+    open: bool = True
+    recording: "Recording | None" = None
+    """After the boundary: the step's recording (which value is which output)."""
+    outputs: Callable[[], dict[str, torch.Tensor]] | None = None
+    """After the step was sent: its outputs as CPU tensors by name (waits for the device)."""
+
+
+# --------------------------------------------------------------------------------------------
+# the recorder
+
+
+class StepRecorder:
+    """Records step 1 (:class:`Recording`) and checks every later step against it."""
+
+    def __init__(self) -> None:
+        self.recording: Recording | None = None
+        """The compiled step's recording (None until :meth:`compiled` is called)."""
+        self._draft: Recording | None = None
+        self._step: StepState | None = None
+        self._pos = 0
+        self._n = 0
+        self._live: list[weakref.ref[StepValue]] = []
+
+    # -- the step's life ----------------------------------------------------------------------
+
+    @property
+    def recording_step(self) -> bool:
+        """True while step 1 is being recorded (its calls also run on the CPU)."""
+        return self._draft is not None
+
+    @property
+    def step_open(self) -> bool:
+        """True between :meth:`begin` and :meth:`end`."""
+        return self._step is not None and self._step.open
+
+    def begin(self, batch: Any, number: int) -> Any:
+        """Start step ``number``: the batch with its tensors as step values."""
+        if self.step_open:
+            raise StepValueError("a new step began before the previous one ended (csrun bug)")
+        leaves, spec = pytree.tree_flatten(batch)
+        meta = tuple((t.shape, t.dtype) for t in leaves)
+        self._step = StepState(number=number, n_batch=len(leaves))
+        self._pos = 0
+        self._live = []
+        if self.recording is None:
+            self._draft = Recording(batch_meta=meta, batch_spec=spec)
+        else:
+            self._draft = None
+            if meta != self.recording.batch_meta or spec != self.recording.batch_spec:
+                raise StepChanged("the batch's structure or shapes changed", compiled=_describe_meta(self.recording.batch_meta),
+                                  location=caller_location())
+        values = [StepValue(self, self._step, i, t.shape, t.dtype, t) for i, t in enumerate(leaves)]
+        self._n = len(values)
+        for v in values:
+            self._live.append(weakref.ref(v))
+        return pytree.tree_unflatten(values, spec)
+
+    def end(self) -> tuple[Recording, StepState]:
+        """The step's boundary: its recording (step 1: complete, with the kept values) and its state."""
+        step = self._step
+        if step is None or not step.open:
+            raise StepValueError("no step is open (csrun bug)")
+        if self._draft is not None:
+            draft = self._draft
+            n_batch = len(draft.batch_meta)
+            produced = {i for e in draft.entries for i in e.results}
+            alive = {v._ref for v in (w() for w in self._live) if v is not None}
+            model_outputs = {i for e in draft.entries if e.func is None for i in e.results}
+            kept = sorted((alive | model_outputs) & produced - ({draft.loss} if draft.loss is not None else set()))
+            draft.kept = tuple(i for i in kept if i >= n_batch)
+            recording = draft
+        else:
+            recording = self.recording  # type: ignore[assignment]
+            if self._pos != len(recording.entries):
+                missing = recording.entries[self._pos]
+                raise StepChanged("the step ended early", compiled=f"then {missing.describe()}", location=caller_location())
+        step.open = False
+        step.recording = recording
+        self._live = []
+        return recording, step
+
+    def compiled(self, recording: Recording) -> None:
+        """Step 1's recording was compiled: later steps are checked against it."""
+        self.recording = recording
+        self._draft = None
+
+    def reset(self) -> None:
+        """Forget the compiled step (a new Session compiles its own)."""
+        self.recording = None
+        self._draft = None
+        self._step = None
+
+    # -- calls and operations -----------------------------------------------------------------
+
+    def model_call(self, model: torch.nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Any:
+        """The wrapped model was called: record it (step 1, running ``forward`` on CPU values) or check it."""
+        self._require_open("model(...)")
+        if self._draft is not None:
+            with _shadow_run(model), torch.no_grad():
+                out = forward(*_values(args), **_values(kwargs))
+            return self._record(None, args, kwargs, out)
+        return self._check(None, args, kwargs)
+
+    def operation(self, func: Any, name: str, first: StepValue, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+        """A torch function or tensor method applied to step values (``StepValue.__torch_function__``)."""
+        step = first._step
+        if not step.open:
+            return self._closed(step, func, name, args, kwargs)
+        if step is not self._step:
+            raise StepValueError(f"a value of step {step.number} was used in step {self._step.number if self._step else '?'}; "
+                                 "values of a step are read in its step closures")
+        if name == "backward":
+            return self._backward(first)
+        if name in _READS:
+            raise DeviceTensorReadError(f"cannot {_READS[name]} a device tensor here: {READ_HINT}")
+        if name in _DEVICE_MOVES and _is_device_move(args, kwargs):
+            return args[0]
+        if self._draft is not None:
+            with torch.no_grad():
+                out = func(*_values(args), **_values(kwargs))
+            result = self._record(func, args, kwargs, out)
+        else:
+            result = self._check(func, args, kwargs)
+        if name.endswith("_") and not name.endswith("__") and isinstance(args[0], StepValue) and isinstance(result, StepValue):
+            args[0]._ref = result._ref  # in place: the variable now names the result
+            args[0]._value = result._value
+            return args[0]
+        return result
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _require_open(self, what: str) -> None:
+        if not self.step_open:
+            raise StepValueError(f"{what} was called outside a step: on the system the model runs on the batches "
+                                 "the Session's dataloader hands out (for batch in dataloader: ...)")
+
+    def _backward(self, loss: StepValue) -> None:
+        if loss.numel() != 1 or not loss.dtype.is_floating_point:
+            raise StepValueError(f"backward() on a {tuple(loss.shape)} {loss.dtype} value: the loss must be a scalar float "
+                                 "(reduce it, e.g. loss.mean())")
+        if self._draft is not None:
+            if self._draft.loss is not None:
+                raise StepValueError("backward() was called twice in one step; the system runs one backward per step "
+                                     "(add the losses and call backward() once)")
+            self._draft.loss = loss._ref
+        elif self.recording is not None and loss._ref != self.recording.loss:
+            raise StepChanged("backward() on another value", compiled="backward() on the loss", location=caller_location())
+        return None
+
+    def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        assert self._draft is not None and self._step is not None  # noqa: S101 - internal invariant
+        leaves, rebuild = flatten_output(out)
+        results, meta, wrapped = [], [], []
+        for leaf in leaves:
+            ref = self._n
+            self._n += 1
+            v = StepValue(self, self._step, ref, leaf.shape, leaf.dtype, leaf.detach())
+            self._live.append(weakref.ref(v))
+            results.append(ref)
+            meta.append((leaf.shape, leaf.dtype))
+            wrapped.append(v)
+        loc = caller_location()
+        entry = Entry(func=func, args=_template(args), kwargs=_template(kwargs), results=tuple(results),
+                      result_meta=tuple(meta), rebuild=rebuild, location=loc)
+        for r in results:
+            self._draft.value_lines[r] = loc
+        self._draft.entries.append(entry)
+        return rebuild(wrapped)
+
+    def _check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        recording = self.recording
+        assert recording is not None and self._step is not None  # noqa: S101 - internal invariant
+        if self._pos >= len(recording.entries):
+            what = "model" if func is None else getattr(func, "__name__", repr(func))
+            raise StepChanged(f"an extra call {what}(...) after the compiled step's last one", compiled="nothing more",
+                              location=caller_location())
+        entry = recording.entries[self._pos]
+        if entry.func is not func or not _matches(entry.args, args) or not _matches(entry.kwargs, kwargs):
+            now = Entry(func=func, args=_template(args), kwargs=_template(kwargs), results=(), result_meta=(),
+                        rebuild=entry.rebuild, location=None)
+            raise StepChanged(f"{now.describe()}", compiled=entry.describe(), location=caller_location())
+        self._pos += 1
+        wrapped = []
+        for ref, (shape, dtype) in zip(entry.results, entry.result_meta):
+            v = StepValue(self, self._step, ref, shape, dtype)
+            wrapped.append(v)
+        self._n = max(self._n, (entry.results[-1] + 1) if entry.results else self._n)
+        return entry.rebuild(wrapped)
+
+    def _closed(self, step: StepState, func: Any, name: str,
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not _inside_closure():
+            raise DeviceTensorReadError(f"cannot use {name or 'an operation'} on a device tensor of step {step.number} "
+                                        f"here: {READ_HINT}")
+        real = pytree.tree_map(lambda x: self._value_of(x) if isinstance(x, StepValue) else x, (args, kwargs))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*real[0], **real[1])
+
+    def _value_of(self, value: StepValue) -> torch.Tensor:
+        step = value._step
+        if value._ref < step.n_batch and value._value is not None:
+            return value._value
+        if step.outputs is None or step.recording is None:
+            raise DeviceTensorReadError(f"step {step.number} has not been sent to the device yet: {READ_HINT}")
+        name = step.recording.output_names.get(value._ref)
+        if name is None:
+            loc = step.recording.value_lines.get(value._ref)
+            where = f" (made at {loc.filename}:{loc.lineno}: {loc.source_line})" if loc is not None else ""
+            raise ValueNotKept(f"this step value{where} is not one the compiled step hands back: the step keeps the loss, "
+                               "the model's outputs and the values still held when the first step ended; keep a "
+                               "reference to it (e.g. pass it to the step closure) in the first step too")
+        return step.outputs()[name]
+
+
+def _describe_meta(meta: tuple[tuple[torch.Size, torch.dtype], ...]) -> str:
+    return ", ".join(f"{tuple(s)} {str(d).removeprefix('torch.')}" for s, d in meta)
+
+
+def _is_device_move(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``x.to(device)`` / ``x.cuda()`` / ``x.cpu()`` without a dtype change."""
+    rest = list(args[1:]) + list(kwargs.values())
+    return all(isinstance(a, (torch.device, str, int, bool, type(None))) for a in rest) and \
+        not any(isinstance(a, torch.dtype) for a in rest)
+
+
+def _values(x: Any) -> Any:
+    """Step values -> their CPU values (step 1 only)."""
+    def one(v: Any) -> Any:
+        if isinstance(v, StepValue):
+            if v._value is None:
+                raise StepValueError("a step value without a CPU value while recording (csrun bug)")
+            return v._value
+        return v
+
+    return pytree.tree_map(one, x)
+
+
+@contextlib.contextmanager
+def _shadow_run(model: torch.nn.Module) -> Iterator[None]:
+    """Run the model once on the CPU for shapes only: its buffers and the RNG are restored afterwards."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        with torch.no_grad():
+            for buf, copy in saved:
+                buf.copy_(copy)
+
+
+def value_of(x: Any) -> Any:
+    """``x`` with every closed step value replaced by its device value (for closure arguments)."""
+    def one(v: Any) -> Any:
+        if isinstance(v, StepValue):
+            return v._recorder._value_of(v)
+        return v
+
+    return pytree.tree_map(one, x)
