@@ -3,9 +3,16 @@
 Every command catches :class:`UserError` at its top level, prints ``<command>: error: <message>``
 and exits with the error's ``exit_code`` (2 for bad input), so a user never sees a Python
 traceback for a mistake of theirs. Messages name the bad value and say what would be right.
+
+:class:`ConfigError` is the one error for a bad configuration key or value, wherever it is
+read: the site config, launcher option values, the params YAML (and run.py's overrides of
+it), an input section, compile settings. It exits 2 from every command, like any other bad
+input; ``csrun.typed_config`` and ``csrun.compiler.errors`` name this same class.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class UserError(Exception):
@@ -18,8 +25,39 @@ class UsageError(UserError):
     """A command-line option or value that the command does not accept."""
 
 
-class SiteConfigError(UserError):
-    """A site config (configs/csrun.yaml or a CSRUN_* override) with a bad key or value."""
+class ConfigError(UserError):
+    """A config key or value that does not fit; the message names its path and the valid choices.
+
+    ``fix`` (optional) says what to do instead and ``location`` (optional, anything whose
+    ``str`` is a source position with ``filename``/``lineno``) where the value came from;
+    both are added to the message, as a compile problem shows them.
+    """
+
+    exit_code = 2
+
+    def __init__(self, what: str, *, fix: str | None = None, location: Any = None) -> None:
+        self.what = what
+        self.fix = fix or ""
+        self.location = location
+        super().__init__(self.render())
+
+    @property
+    def filename(self) -> str | None:
+        """The file the bad value came from, or None."""
+        return getattr(self.location, "filename", None)
+
+    @property
+    def lineno(self) -> int | None:
+        """The line in :attr:`filename`, or None."""
+        return getattr(self.location, "lineno", None)
+
+    def render(self) -> str:
+        """The full message: location (when known), what is wrong, and the fix (when given)."""
+        parts = [str(self.location)] if self.location is not None else []
+        parts.append(self.what)
+        if self.fix:
+            parts.append(f"Fix: {self.fix}")
+        return "\n".join(parts)
 
 
 class LaunchError(UserError):

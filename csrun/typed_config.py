@@ -1,29 +1,68 @@
-"""Typed, keyword-only dataclasses from YAML mappings, with errors that name the YAML path.
+"""The one configuration mechanism: typed, keyword-only dataclasses read from YAML, env or flags.
 
-:func:`from_mapping` builds a dataclass from a mapping: every key must be a field (an unknown
-key lists the valid ones with their defaults), every value must fit the field's annotation
-(``int``, ``float``, ``bool``, ``str``, ``X | None``, ``A | B``, ``list[X]``, ``tuple[X, ...]``,
-``dict[str, Any]``, ``Literal[...]``, ``Any`` and nested dataclasses), and fields without a
-default are required. Field docs come from ``field(metadata={"doc": ...})``.
+Every setting csrun reads — the site config (:mod:`csrun.site`), launcher options
+(:mod:`csrun.launch.options`), the params YAML (:mod:`csrun.run.params`) and the input sections
+(:mod:`csrun.data.config`) — is a field of a keyword-only dataclass declared with
+:func:`setting` (or :func:`required`): a default, a doc, and optional bounds (``min``, a
+``pattern`` with the words ``what`` it stands for). Three readers share one set of rules:
+
+* :func:`from_mapping` builds a dataclass from a YAML mapping: every key must be a field (an
+  unknown key names its path, suggests the closest key and lists the valid ones with their
+  defaults and docs), every value must fit the field's annotation (``int``, ``float``,
+  ``bool``, ``str``, ``X | None``, ``A | B``, ``list[X]``, ``tuple[X, ...]``,
+  ``dict[str, Any]``, ``Literal[...]``, ``Any`` and nested dataclasses) and its bounds, and
+  fields without a default are required;
+* :func:`from_text` reads one field's value from a string (an environment variable or a
+  command-line word): ``True``/``yes``/``1``/``on`` and ``False``/``no``/``0``/``off`` for
+  booleans, comma-separated lists, ``""``/``none`` for ``None``;
+* :func:`check_fields` checks an instance built in code (or changed by overrides) by the
+  same rules.
+
+Every problem is a :class:`~csrun.errors.ConfigError` (exit 2) whose message starts with the
+path of the bad value (``runconfig.max_steps``, ``--total-nodes``, ``CSRUN_DEF_NODES``) and names
+the value and what would be right. Rules that tie several fields together stay in the config
+class's own ``check`` method and raise the same error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from typing import Any, Literal, Mapping, TypeVar, Union, get_args, get_origin
 
-from csrun.errors import UserError
+from csrun.errors import ConfigError
 
-
-class ConfigError(UserError):
-    """A config key or value that does not fit; the message names its YAML path."""
-
+__all__ = ["ConfigError", "check_fields", "field_doc", "from_mapping", "from_text", "required", "setting",
+           "valid_keys"]
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
+_TRUE = frozenset({"true", "yes", "1", "on"})
+_FALSE = frozenset({"false", "no", "0", "off"})
+_NONE = frozenset({"", "none", "null"})
+
+
+def setting(default: Any, doc: str, *, min: int | float | None = None, pattern: str | None = None,
+            what: str = "", **metadata: Any) -> Any:
+    """A config field: its default, its meaning, and optional bounds.
+
+    ``min``: the least value a number may take. ``pattern``: a regular expression a non-empty
+    string must match in full; ``what`` says in words what it stands for (used in the error).
+    A list or dict default is copied for every instance. Extra ``metadata`` is kept for the
+    field's reader (e.g. the launcher's ``flag``).
+    """
+    meta = {"doc": doc, "min": min, "pattern": pattern, "what": what, **metadata}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def required(doc: str, *, min: int | float | None = None, pattern: str | None = None, what: str = "") -> Any:
+    """A config field the input must give (no default)."""
+    return dataclasses.field(metadata={"doc": doc, "min": min, "pattern": pattern, "what": what})
 
 
 def field_doc(f: dataclasses.Field) -> str:
@@ -39,12 +78,14 @@ def _default_of(f: dataclasses.Field) -> Any:
     return _MISSING
 
 
+def _init_fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+
+
 def valid_keys(cls: type) -> str:
-    """The keys of ``cls`` with their defaults ("required" when none), one per line."""
+    """The keys of ``cls`` with their defaults ("required" when none) and docs, one per line."""
     lines = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
+    for f in _init_fields(cls).values():
         default = _default_of(f)
         shown = "required" if default is _MISSING else f"default {default!r}"
         doc = field_doc(f)
@@ -69,45 +110,83 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _convert(value: Any, tp: Any, path: str) -> Any:
-    """``value`` as type ``tp``, or ConfigError naming ``path``."""
+def _convert(value: Any, tp: Any, path: str, text: bool) -> Any:
+    """``value`` as type ``tp`` (``text``: ``value`` is a string to parse), or ConfigError naming ``path``."""
     if tp is Any:
         return value
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        for option in get_args(tp):
+        options = get_args(tp)
+        for option in options:
             try:
-                return _convert(value, option, path)
+                return _convert(value, option, path, text)
             except ConfigError:
                 continue
+        real = [o for o in options if o is not type(None)]
+        if len(real) == 1:  # X | None: say what X needs
+            _convert(value, real[0], path, text)
         raise ConfigError(f"{path}: {value!r} is not {_type_name(tp)}")
     if tp is type(None):
-        if value is None:
+        if value is None or (text and str(value).strip().lower() in _NONE):
             return None
         raise ConfigError(f"{path}: {value!r} is not null")
     if origin is Literal:
         choices = get_args(tp)
         if isinstance(value, str):
             for c in choices:
-                if isinstance(c, str) and c.lower() == value.lower():
+                if isinstance(c, str) and c.lower() == value.strip().lower():
                     return c
         if value in choices and not isinstance(value, bool):
             return value
         raise ConfigError(f"{path}: {value!r} is not one of {', '.join(repr(c) for c in choices)}")
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
+        if isinstance(tp, type) and isinstance(value, tp):
+            check_fields(value, path)
+            return value
+        if text or not isinstance(value, Mapping):
             raise ConfigError(f"{path}: {value!r} must be a mapping.\n{valid_keys(tp)}")
         return from_mapping(tp, value, path)
     if origin in (list, tuple):
+        if text:
+            value = [p.strip() for p in str(value).split(",") if p.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: {value!r} must be {_type_name(tp)}")
         inner = get_args(tp)[0]
-        items = [_convert(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
+        items = [_convert(v, inner, f"{path}[{i}]", text) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, Mapping):
+    if origin is dict or tp is dict:
+        if text or not isinstance(value, Mapping):
             raise ConfigError(f"{path}: {value!r} must be a mapping")
         return dict(value)
+    if text:
+        return _parse_text(str(value), tp, path)
+    return _check_plain(value, tp, path)
+
+
+def _parse_text(raw: str, tp: Any, path: str) -> Any:
+    word = raw.strip()
+    if tp is bool:
+        if word.lower() in _TRUE:
+            return True
+        if word.lower() in _FALSE:
+            return False
+        raise ConfigError(f"{path}: {raw!r} is not True or False")
+    if tp is int:
+        try:
+            return int(word)
+        except ValueError:
+            raise ConfigError(f"{path}: {raw!r} is not a whole number") from None
+    if tp is float:
+        try:
+            return float(word)
+        except ValueError:
+            raise ConfigError(f"{path}: {raw!r} is not a number") from None
+    if tp is str:
+        return raw
+    raise ConfigError(f"{path}: cannot read a value of type {_type_name(tp)} from text")
+
+
+def _check_plain(value: Any, tp: Any, path: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -134,18 +213,73 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: cannot read a value of type {_type_name(tp)}")
 
 
-def from_mapping(cls: type[T], data: Mapping[str, Any], path: str) -> T:
-    """Build dataclass ``cls`` from ``data``; ``path`` is the YAML path of ``data`` (e.g. ``runconfig``)."""
+def _check_bounds(value: Any, f: dataclasses.Field, path: str, shown: Any) -> None:
+    """The field's ``min`` and ``pattern`` rules; ``shown`` is the value as the user wrote it."""
+    least = f.metadata.get("min")
+    if least is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < least:
+        raise ConfigError(f"{path}: {shown!r} must be at least {least}")
+    pattern = f.metadata.get("pattern")
+    if pattern and isinstance(value, str) and value and not re.fullmatch(pattern, value):
+        what = f.metadata.get("what") or f"a match of {pattern!r}"
+        raise ConfigError(f"{path}: {shown!r} is not {what}")
+
+
+def _read(value: Any, f: dataclasses.Field, tp: Any, path: str, text: bool) -> Any:
+    converted = _convert(value, tp, path, text)
+    _check_bounds(converted, f, path, value)
+    return converted
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], path: str, *, source: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``.
+
+    ``path`` is the YAML path of ``data`` (e.g. ``runconfig``; ``""`` for a whole file);
+    ``source`` (e.g. the file's name) starts every message when given.
+    """
+    try:
+        return _from_mapping(cls, data, path)
+    except ConfigError as exc:
+        if not source:
+            raise
+        raise ConfigError(f"{source}: {exc.what}", fix=exc.fix or None, location=exc.location) from None
+
+
+def _from_mapping(cls: type[T], data: Mapping[str, Any], path: str) -> T:
+    if not isinstance(data, Mapping):
+        where = f"{path}: " if path else ""
+        raise ConfigError(f"{where}must be a mapping of keys to values, got {data!r}.\n{valid_keys(cls)}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    fields = _init_fields(cls)
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{path}.{key}: unknown key.{hint}\n{valid_keys(cls)}")
-        values[key] = _convert(value, hints[key], f"{path}.{key}")
+            raise ConfigError(f"{_join(path, str(key))}: unknown key.{hint}\n{valid_keys(cls)}")
+        values[key] = _read(value, fields[key], hints[key], _join(path, key), text=False)
     for name, f in fields.items():
         if name not in values and _default_of(f) is _MISSING:
-            raise ConfigError(f"{path}.{name}: required key missing ({field_doc(f) or _type_name(hints[name])})")
+            raise ConfigError(f"{_join(path, name)}: required key missing ({field_doc(f) or _type_name(hints[name])})")
     return cls(**values)
+
+
+def from_text(cls: type, name: str, raw: str, path: str) -> Any:
+    """Field ``name`` of ``cls`` read from the string ``raw`` (an env variable, a flag's value).
+
+    ``path`` names where ``raw`` came from in errors (``CSRUN_DEF_NODES``, ``--total-nodes``).
+    """
+    fields = _init_fields(cls)
+    if name not in fields:
+        raise ConfigError(f"{path}: unknown key {name!r}.\n{valid_keys(cls)}")
+    return _read(raw, fields[name], typing.get_type_hints(cls)[name], path, text=True)
+
+
+def check_fields(obj: Any, path: str) -> None:
+    """Check every field of the dataclass instance ``obj`` by its type and bounds (ConfigError under ``path``)."""
+    hints = typing.get_type_hints(type(obj))
+    for name, f in _init_fields(type(obj)).items():
+        _read(getattr(obj, name), f, hints[name], _join(path, name), text=False)

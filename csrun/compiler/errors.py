@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from csrun.errors import ConfigError as _ConfigError
 from csrun.errors import UsageError, UserError
 
 
@@ -153,8 +154,9 @@ class BadBatch(CompileError):
     fix = "pass a tensor, or a dict/tuple/list (nested as you like) whose leaves are tensors"
 
 
-class ConfigError(CompileError):
-    """A bad key or value in the params (optimizer section, precision, loss scaling)."""
+ConfigError = _ConfigError
+"""A bad key or value in the params (optimizer section, precision, loss scaling): the one
+:class:`csrun.errors.ConfigError` (exit 2), which also takes ``fix`` and ``location``."""
 
 
 class CaptureFailed(CompileError):

@@ -175,7 +175,7 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
         os.remove(os.path.join(target, MARKER))
     try:
         built = build_atomically(target, write, compile_key=key, source_key=skey)
-    except CompileError as exc:
+    except (CompileError, ConfigError) as exc:
         result.problems.append(exc)
         result.seconds = time.perf_counter() - t0
         _finish(result, console)
@@ -200,7 +200,7 @@ def _fast_hit(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, 
               compile_dir: str | None, wafer: WaferSpec) -> CompileResult | None:
     try:
         skey = _source_key(model, batch, settings, wafer)
-    except CompileError:
+    except (CompileError, ConfigError):
         return None
     if compile_dir is not None:
         marker = read_marker(compile_dir)

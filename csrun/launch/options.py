@@ -1,14 +1,17 @@
 """Launcher options, defined once as typed dataclasses, and the legacy-style parser for them.
 
-Each option is a dataclass field; its metadata holds the help text and whether it takes a
-value. The parser accepts what the legacy scripts accepted:
+Each option is a dataclass field declared with :func:`csrun.typed_config.setting` (its doc is
+the help text, its bounds the checks; extra metadata says whether it takes a value), and every
+value is read by :func:`csrun.typed_config.from_text`, the same typed mechanism that reads the
+site config and the params. The parser accepts what the legacy scripts accepted:
 
 * ``--opt val`` and ``--opt=val``;
 * dash and underscore spellings (``--alloc-node`` and ``--alloc_node``);
 * ``True``/``False`` (any case, also yes/no/1/0) for boolean options that take a value;
 * parsing stops at the first word that is not an option: the rest is the command.
 
-Unlike the legacy scripts, an unknown option is an error (exit 2) that lists the valid ones.
+Unlike the legacy scripts, an unknown option is an error (exit 2) that lists the valid ones,
+and a bad value is one too (``option --total-nodes: 'x' is not a whole number``).
 ``--def_*`` style site queries are handled by :data:`SITE_QUERIES`.
 """
 
@@ -17,27 +20,29 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from csrun.errors import UsageError
+from csrun.errors import ConfigError, UsageError
 from csrun.site import SiteConfig
+from csrun.typed_config import field_doc, from_text, setting
 
-_TRUE = {"true", "yes", "1", "on"}
-_FALSE = {"false", "no", "0", "off"}
+DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
+"""A device name: what an option with an optional value accepts."""
+OPTIONAL_VALUE = re.compile(rf"^({DEVICE_PATTERN})$")
+"""What an option with an optional value accepts as its next word (device names)."""
 
 
-def _opt(default: Any, help: str, *, flag: bool = False, optional: str | None = None) -> Any:
-    """A dataclass field that is also a command-line option.
+def _opt(default: Any, help: str, *, flag: bool = False, optional: str | None = None,
+         min: int | None = None) -> Any:
+    """A dataclass field that is also a command-line option (a :func:`~csrun.typed_config.setting`).
 
     ``flag``: takes no value. ``optional``: the value may be left out; then this is the
     value, and the next word is taken as the value only when it matches ``OPTIONAL_VALUE``.
+    ``min``: the least whole number the option takes.
     """
-    return field(default=default, metadata={"help": help, "flag": flag, "optional": optional})
-
-
-OPTIONAL_VALUE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-"""What an option with an optional value accepts as its next word (device names)."""
+    device = {"pattern": DEVICE_PATTERN, "what": "a device (cpu, cuda or cuda:I)"} if optional is not None else {}
+    return setting(default, help, min=min, flag=flag, optional=optional, **device)
 
 
 @dataclass(kw_only=True)
@@ -66,12 +71,12 @@ class CpuOptions(CommonOptions):
 class WseOptions(CommonOptions):
     """csrun_wse's options."""
 
-    total_nodes: int | None = _opt(None, "nodes for the job (default: the site's def_nodes)")
-    tasks_per_node: int | None = _opt(None, "tasks per node (default: site, or worked out from --cpus-per-task)")
-    cpus_per_task: int | None = _opt(None, "CPUs per task (default: site, or worked out from --tasks-per-node)")
-    single_task_nodes: int = _opt(0, "how many nodes run exactly one task; must be less than the number of nodes")
+    total_nodes: int | None = _opt(None, "nodes for the job (default: the site's def_nodes)", min=1)
+    tasks_per_node: int | None = _opt(None, "tasks per node (default: site, or worked out from --cpus-per-task)", min=1)
+    cpus_per_task: int | None = _opt(None, "CPUs per task (default: site, or worked out from --tasks-per-node)", min=1)
+    single_task_nodes: int = _opt(0, "how many nodes run exactly one task; must be less than the number of nodes", min=0)
     cyclic: bool = _opt(False, "distribute the worker tasks cyclically (--distribution=cyclic)", flag=True)
-    preempt_lead: int = _opt(90, "with --use-sbatch: seconds before the time limit at which the job checkpoints and requeues itself (0: never)")
+    preempt_lead: int = _opt(90, "with --use-sbatch: seconds before the time limit at which the job checkpoints and requeues itself (0: never)", min=0)
     emulator: str = _opt("", "[DEVICE] start a cs_emulator for the job on the chief's node (cpu, cuda, cuda:I; default cpu)", optional="cpu")
 
 
@@ -113,32 +118,18 @@ def help_text(prog: str, cls: type[CommonOptions], summary: str) -> str:
     for f in dataclasses.fields(cls):
         value = "" if f.metadata["flag"] else (" [VALUE]" if f.metadata.get("optional") else " VALUE")
         default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
-        lines.append(f"  {_spelling(f.name)}{value}  {f.metadata['help']} (default: {default!r})")
+        lines.append(f"  {_spelling(f.name)}{value}  {field_doc(f)} (default: {default!r})")
     lines.append("  -h, --help  show this help and exit")
     lines.append("site queries (print one site setting and exit): " + " ".join("--" + q for q in SITE_QUERIES))
     return "\n".join(lines)
 
 
-def _convert(name: str, kind: str, raw: str) -> Any:
-    if kind == "bool":
-        low = raw.strip().lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise UsageError(f"option {_spelling(name)}: {raw!r} is not True or False")
-    if kind in ("int", "int | None"):
-        try:
-            value = int(raw)
-        except ValueError:
-            raise UsageError(f"option {_spelling(name)}: {raw!r} is not a whole number") from None
-        least = 0 if name in ("single_task_nodes", "preempt_lead") else 1
-        if value < least:
-            raise UsageError(f"option {_spelling(name)}: {raw!r} must be at least {least}")
-        return value
-    if kind.startswith("tuple"):
-        return tuple(p.strip() for p in raw.split(",") if p.strip())
-    return raw
+def _value(cls: type, name: str, raw: str) -> Any:
+    """Option ``name``'s value read from ``raw`` by the typed mechanism; a bad one is a UsageError."""
+    try:
+        return from_text(cls, name, raw, _spelling(name))
+    except ConfigError as exc:
+        raise UsageError(f"option {exc.what}") from None
 
 
 def parse_args(argv: list[str], cls: type[OptionsT], prog: str) -> ParsedArgs:
@@ -173,14 +164,12 @@ def parse_args(argv: list[str], cls: type[OptionsT], prog: str) -> ParsedArgs:
                 i += 1
             else:
                 raw = f.metadata["optional"]
-            if not OPTIONAL_VALUE.match(raw):
-                raise UsageError(f"option {_spelling(name)}: {raw!r} is not a device (cpu, cuda or cuda:I)")
-            values[name] = raw
+            values[name] = _value(cls, name, raw)
             i += 1
             continue
         if f.metadata["flag"]:
             if has_value:
-                values[name] = _convert(name, "bool", inline)
+                values[name] = _value(cls, name, inline)
             else:
                 values[name] = True
             i += 1
@@ -190,8 +179,8 @@ def parse_args(argv: list[str], cls: type[OptionsT], prog: str) -> ParsedArgs:
             i += 1
         else:
             if i + 1 >= len(argv):
-                raise UsageError(f"option {word} needs a value ({f.metadata['help']})")
+                raise UsageError(f"option {word} needs a value ({field_doc(f)})")
             raw = argv[i + 1]
             i += 2
-        values[name] = _convert(name, str(f.type), raw)
+        values[name] = _value(cls, name, raw)
     return ParsedArgs(options=cls(**values), command=list(argv[i:]))

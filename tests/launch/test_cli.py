@@ -93,7 +93,8 @@ def test_bad_site_config_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("CSRUN_SITE_CONFIG", str(bad))
     assert csrun_wse.main(["--dry-run", "true"]) == 2
     err = capsys.readouterr().err
-    assert "unknown key 'gres'" in err and "gres_resource ('cs:1')" in err
+    assert "site.yaml: gres: unknown key." in err
+    assert "gres_resource (default 'cs:1')" in err and "Traceback" not in err
 
 
 def test_wait_without_sbatch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
