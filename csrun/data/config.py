@@ -1,95 +1,89 @@
-"""``train_input`` / ``eval_input`` for the HDF5 processors, as one typed dataclass.
+"""The ``train_input`` / ``eval_input`` section, modelled once, read by :mod:`csrun.typed_config`.
 
-:meth:`HDF5InputConfig.from_params` takes the YAML section as a mapping; an unknown key is an
-error that lists the known ones. The processor fields (``max_sequence_length``,
-``max_predictions_per_seq``, ``vocab_size``, ``vocab_file``, ``data_processor``) are optional;
-when given they are checked against the data's ``metadata.json`` (:meth:`check_against`), so a
-params file and a data set that disagree fail before the first step, naming both values.
+:class:`InputConfig` holds the keys every input pipeline has (``data_dir``, ``batch_size``,
+shuffling, DataLoader workers); the runner's params (:mod:`csrun.run.params`) and every model
+use it, directly or through a subclass that adds the model's own keys.
+:class:`HDF5InputConfig` adds the legacy processor keys the HDF5 loaders read
+(``data_processor``, ``max_sequence_length``, ``max_predictions_per_seq``, ``vocab_file``,
+``int_dtype``); BERT's and GPT-2's input sections are subclasses of it that narrow the
+processor and set its defaults, so a section is handed to :func:`~csrun.data.hdf5_dataloader`
+as it is, with no field copied.
+
+A section is read by :meth:`InputConfig.from_params` (or by the runner's ``params_from_dict``,
+which reads it the same way): an unknown key names its path, suggests the closest key and lists
+the valid keys with their defaults; a wrong type or an out-of-range value names the key and the
+value. Every such problem is a :class:`~csrun.errors.ConfigError` (exit 2).
+
+``shuffle_seed`` defaults to 0: every streamer must draw the same permutation, so the seed is
+never left to chance. :meth:`HDF5InputConfig.check_against` checks the processor keys (and the
+model's ``vocab_size``) against the data's ``metadata.json``, so a params file and a data set
+that disagree fail before the first step, naming both values (a
+:class:`~csrun.data.errors.DataError`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, TypeVar
 
 from csrun.data.errors import DataError
 from csrun.data.formats import DatasetMetadata
+from csrun.errors import ConfigError
+from csrun.typed_config import check_fields, from_mapping, required, setting
 
 DATA_PROCESSORS = {"BertHDF5DataProcessor": "mlm_nsp", "GptHDF5DataProcessor": "causal_lm"}
 """Legacy-style processor names and the format each reads."""
 
+InputT = TypeVar("InputT", bound="InputConfig")
 
-@dataclass(frozen=True, kw_only=True)
-class HDF5InputConfig:
-    """One ``train_input``/``eval_input`` section for HDF5 data."""
 
-    data_dir: str
-    """The directory ``cs_convert_hdf5`` wrote (shards + metadata.json)."""
-    batch_size: int
-    """Samples per batch (per streamer)."""
-    shuffle: bool = True
-    """Shuffle the samples, with a new seeded permutation every epoch."""
-    shuffle_seed: int | None = None
-    """Seed of the shuffle (None means 0: every streamer must draw the same permutation)."""
-    drop_last_batch: bool = True
-    """Only full batches (the system needs it)."""
-    num_workers: int = 0
-    """DataLoader worker processes."""
-    prefetch_factor: int | None = None
-    """Batches each worker loads ahead (None: torch's default; only with workers)."""
-    persistent_workers: bool = False
-    """Keep workers alive between epochs (only with workers)."""
-    int_dtype: str = "int64"
-    """Integer fields as torch ``int64`` (default) or as ``stored`` (int32)."""
-    data_processor: str | None = None
-    """Optional: ``BertHDF5DataProcessor`` (mlm_nsp) or ``GptHDF5DataProcessor`` (causal_lm)."""
-    max_sequence_length: int | None = None
-    """Optional: must equal the data's max_seq_length."""
-    max_predictions_per_seq: int | None = None
-    """Optional: must equal the data's max_predictions_per_seq."""
-    vocab_size: int | None = None
-    """Optional: must be at least the data's vocab_size (a model may pad its vocabulary)."""
-    vocab_file: str | None = None
-    """Optional: a vocab.txt whose token count must equal the data's vocab_size."""
+@dataclass(kw_only=True)
+class InputConfig:
+    """``train_input`` / ``eval_input``: the input pipeline; models subclass it with their own keys."""
 
-    def __post_init__(self) -> None:
-        _check_type("data_dir", self.data_dir, str)
-        for name in ("batch_size", "num_workers", "prefetch_factor", "max_sequence_length",
-                     "max_predictions_per_seq", "vocab_size", "shuffle_seed"):
-            value = getattr(self, name)
-            if value is None and name not in ("batch_size", "num_workers"):
-                continue
-            _check_type(name, value, int)
-            lowest = {"batch_size": 1, "prefetch_factor": 1, "max_sequence_length": 1,
-                      "max_predictions_per_seq": 1, "vocab_size": 1, "num_workers": 0}.get(name)
-            if lowest is not None and value < lowest:
-                raise DataError(f"{name} must be at least {lowest}, got {value!r}")
-        for name in ("shuffle", "drop_last_batch", "persistent_workers"):
-            _check_type(name, getattr(self, name), bool)
-        if self.int_dtype not in ("int64", "stored"):
-            raise DataError(f"int_dtype must be 'int64' or 'stored', got {self.int_dtype!r}")
-        if self.data_processor is not None and self.data_processor not in DATA_PROCESSORS:
-            raise DataError(f"data_processor {self.data_processor!r} is not an HDF5 processor: use one "
-                            f"of {', '.join(DATA_PROCESSORS)}")
+    data_dir: str = setting("", "where the data is (the directory cs_convert_hdf5 wrote; '' for a model's bundled "
+                                "or synthetic data)")
+    batch_size: int = required("samples per batch: each step trains on one batch, from one streamer in turn", min=1)
+    shuffle: bool = setting(True, "shuffle the samples, with a new seeded permutation every epoch")
+    shuffle_seed: int = setting(0, "seed of the shuffle (every streamer draws the same permutation)")
+    drop_last_batch: bool = setting(True, "drop a short last batch (the system needs static shapes)")
+    num_workers: int = setting(0, "DataLoader worker processes per streamer", min=0)
+    prefetch_factor: int | None = setting(None, "batches each worker prefetches (needs num_workers > 0); "
+                                                "also the stream's ring size", min=1)
+    persistent_workers: bool = setting(False, "keep DataLoader workers between epochs (only with workers)")
 
     @classmethod
-    def from_params(cls, section: Mapping[str, Any]) -> "HDF5InputConfig":
-        """Build from a params section (``params["train_input"]``); unknown keys are errors."""
-        if not isinstance(section, Mapping):
-            raise DataError(f"the input section must be a mapping, got {type(section).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise DataError(f"unknown input key(s) {', '.join(map(repr, unknown))}; known keys: "
-                            f"{', '.join(sorted(known))}")
-        missing = [k for k in ("data_dir", "batch_size") if k not in section]
-        if missing:
-            raise DataError(f"the input section needs {' and '.join(missing)}")
-        return cls(**dict(section))
+    def from_params(cls: type[InputT], section: Mapping[str, Any], path: str = "train_input") -> InputT:
+        """Read and check one params section (``params["train_input"]``); ``path`` names it in errors."""
+        config = from_mapping(cls, section, path)
+        config.check(path)
+        return config
 
-    def check_against(self, meta: DatasetMetadata) -> None:
-        """Raise :class:`DataError` where the optional processor fields disagree with the data."""
+    def check(self, path: str) -> None:
+        """Refuse wrong types, out-of-range values and impossible combinations, naming the keys under ``path``."""
+        check_fields(self, path)
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            raise ConfigError(f"{path}.prefetch_factor: needs num_workers > 0 (torch's DataLoader rule)")
+
+
+@dataclass(kw_only=True)
+class HDF5InputConfig(InputConfig):
+    """An input section for HDF5 data written by ``cs_convert_hdf5``, with the legacy processor keys."""
+
+    data_processor: Literal["BertHDF5DataProcessor", "GptHDF5DataProcessor"] | None = setting(
+        None, "BertHDF5DataProcessor (mlm_nsp data) or GptHDF5DataProcessor (causal_lm data); "
+              "checked against the data when given")
+    max_sequence_length: int | None = setting(None, "tokens per sample; must equal the data's max_seq_length", min=1)
+    max_predictions_per_seq: int | None = setting(None, "masked positions per sample; must equal the data's", min=1)
+    vocab_file: str | None = setting(None, "a vocab.txt whose token count must equal the data's vocab_size")
+    int_dtype: Literal["int64", "stored"] = setting("int64", "integer fields as int64, or as stored (int32, the system's)")
+
+    def check_against(self, meta: DatasetMetadata, *, vocab_size: int | None = None) -> None:
+        """Raise :class:`DataError` where the processor keys, or the model's ``vocab_size``, disagree with the data.
+
+        ``vocab_size`` (the model's) must be at least the data's: a model may pad its vocabulary.
+        """
         where = f"the data in {self.data_dir!r}"
         if self.data_processor is not None and DATA_PROCESSORS[self.data_processor] != meta.format:
             raise DataError(f"data_processor {self.data_processor!r} reads {DATA_PROCESSORS[self.data_processor]} "
@@ -100,8 +94,8 @@ class HDF5InputConfig:
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq != meta.max_predictions_per_seq:
             raise DataError(f"max_predictions_per_seq {self.max_predictions_per_seq} does not match {where} "
                             f"(max_predictions_per_seq {meta.max_predictions_per_seq})")
-        if self.vocab_size is not None and self.vocab_size < meta.vocab_size:
-            raise DataError(f"vocab_size {self.vocab_size} is smaller than the vocabulary of {where} "
+        if vocab_size is not None and vocab_size < meta.vocab_size:
+            raise DataError(f"vocab_size {vocab_size} is smaller than the vocabulary of {where} "
                             f"({meta.vocab_size} tokens)")
         if self.vocab_file is not None:
             path = Path(self.vocab_file)
@@ -112,10 +106,3 @@ class HDF5InputConfig:
             if count != meta.vocab_size:
                 raise DataError(f"vocab_file {self.vocab_file!r} holds {count} tokens but {where} was "
                                 f"tokenized with {meta.vocab_size}")
-
-
-def _check_type(name: str, value: Any, kind: type) -> None:
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if not ok:
-        raise DataError(f"{name} must be {'an integer' if kind is int else 'a ' + kind.__name__}, "
-                        f"got {value!r}")

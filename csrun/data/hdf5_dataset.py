@@ -172,12 +172,6 @@ class HDF5ShardDataset(IterableDataset):
             self._shared[i] = 0
         self._shared[MAX_WORKERS], self._shared[MAX_WORKERS + 1] = epoch, first_skip
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """This shard's batches (global sample indices) in epoch ``epoch``, in order."""
-        order = self._order(epoch)
-        return [order[slice(*self.layout.batch_span(self.shard_index, j))]
-                for j in range(self.layout.batches_per_shard)]
-
     def _order(self, epoch: int) -> np.ndarray:
         if self._order_cache is None or self._order_cache[0] != epoch:
             self._order_cache = (epoch, epoch_order(self.layout.num_samples, shuffle=self.shuffle,

@@ -1,34 +1,40 @@
 """Input functions for models whose data is HDF5 written by ``cs_convert_hdf5``.
 
-:func:`hdf5_input_fns` turns a model's input-config class and its mapping to
-:class:`~csrun.data.HDF5InputConfig` into the runner's ``train_input_fn`` and
-``eval_input_fn``: each reads its section of the params, checks the model's ``vocab_size``
-against the data, and returns this streamer's shard (``cbtorch.task_id()`` of
-``cbtorch.num_tasks()``; 0 of 1 on a lone chief).
+A model's input section is a subclass of :class:`~csrun.data.HDF5InputConfig` (the one model
+of an input section, shared with the data loader), so the section the runner read is handed
+to :func:`~csrun.data.hdf5_dataloader` as it is: :func:`hdf5_input_fns` makes the runner's
+``train_input_fn`` and ``eval_input_fn`` from it. Each reads its section of the params, puts
+the model's bundled data in place of ``data_dir: ""`` (:func:`with_data_dir`), checks the
+model's ``vocab_size`` against the data, and returns this streamer's shard
+(``cbtorch.task_id()`` of ``cbtorch.num_tasks()``; 0 of 1 on a lone chief).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from torch.utils.data import DataLoader
 
 from csrun.data import HDF5InputConfig, hdf5_dataloader
-from csrun.run.params import InputConfig
 from csrun.typed_config import ConfigError
 
 InputFn = Callable[[Any], DataLoader]
+SectionT = TypeVar("SectionT", bound=HDF5InputConfig)
 
 
-def hdf5_input_fns(
-    config_type: type[InputConfig],
-    to_hdf5: Callable[..., HDF5InputConfig],
-    model_name: str,
-) -> tuple[InputFn, InputFn]:
+def with_data_dir(cfg: SectionT, default_data_dir: str | Path) -> SectionT:
+    """``cfg``, or a copy whose empty ``data_dir`` is ``default_data_dir`` (a model's bundled data)."""
+    return cfg if cfg.data_dir else dataclasses.replace(cfg, data_dir=str(default_data_dir))
+
+
+def hdf5_input_fns(config_type: type[HDF5InputConfig], model_name: str,
+                   default_data_dir: str | Path) -> tuple[InputFn, InputFn]:
     """``(train_input_fn, eval_input_fn)`` for sections of ``config_type``.
 
-    ``to_hdf5(cfg, vocab_size=...)`` maps a section to the HDF5 reader's config;
-    ``model_name`` appears in the error for a section of another type.
+    ``model_name`` appears in the error for a section of another type; ``default_data_dir`` is
+    read when a section's ``data_dir`` is empty.
     """
 
     def section_loader(section: str) -> InputFn:
@@ -38,7 +44,8 @@ def hdf5_input_fns(
                 raise ConfigError(f"{section}: needs a {model_name} input section, got {type(cfg).__name__}")
             import csrun.torch as cbtorch  # here: building an input config needs no torch API
 
-            return hdf5_dataloader(to_hdf5(cfg, vocab_size=getattr(params.model, "vocab_size", None)),
+            return hdf5_dataloader(with_data_dir(cfg, default_data_dir), section=section,
+                                   vocab_size=getattr(params.model, "vocab_size", None),
                                    shard_index=cbtorch.task_id(), num_shards=cbtorch.num_tasks())
 
         input_fn.__doc__ = f"The runner's input function: this streamer's shard of ``params.{section}``."

@@ -4,21 +4,29 @@ A params file has the sections ``runconfig``, ``optimizer``, ``model``, ``train_
 ``eval_input`` and ``csconfig`` (``--config NAME`` picks one top-level key of a file that
 holds several such sets). ``model`` (and, where a model has processor fields, the inputs)
 are the model's own dataclasses, subclasses of :class:`ModelConfig` and :class:`InputConfig`.
-Unknown keys, wrong types and impossible combinations are :class:`~csrun.typed_config.ConfigError`
-naming the YAML path of the bad key and the valid choices.
+The input section is modelled once, in :mod:`csrun.data.config`: :class:`InputConfig` here is
+that class, so a section reads the same through the runner and through the data loader.
+Every section is read by :mod:`csrun.typed_config` (fields declared with :func:`doc` /
+:func:`required`, bounds included); unknown keys, wrong types and impossible combinations are
+:class:`~csrun.errors.ConfigError` (exit 2) naming the YAML path of the bad key and the valid
+choices.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from csrun.compiler.spec import LEGACY_OPTIMIZERS
-from csrun.typed_config import ConfigError, from_mapping
+from csrun.data.config import InputConfig
+from csrun.typed_config import ConfigError, check_fields, from_mapping, required, setting
+
+__all__ = ["CSConfig", "ConfigError", "InputConfig", "ModelConfig", "OptimizerConfig", "Params", "RunConfig",
+           "check_params", "doc", "params_from_dict", "read_yaml", "required"]
 
 OptimizerType = Literal[
     "sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "asgd",
@@ -28,16 +36,9 @@ if set(OptimizerType.__args__) != set(LEGACY_OPTIMIZERS):  # type: ignore[attr-d
     raise ImportError("csrun.run.params: OptimizerType and compiler.spec.LEGACY_OPTIMIZERS disagree")
 
 
-def doc(default: Any, text: str) -> Any:
-    """A dataclass field with a default and its meaning (shown in error messages)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
-
-
-def required(text: str) -> Any:
-    """A dataclass field the YAML must give."""
-    return field(metadata={"doc": text})
+doc = setting
+"""A params field: its default, its meaning (shown in error messages) and optional bounds
+(:func:`csrun.typed_config.setting`; ``required`` is the one without a default)."""
 
 
 @dataclass(kw_only=True)
@@ -45,17 +46,17 @@ class RunConfig:
     """``runconfig``: how long to run, where to write, what to log. Every run.py flag overrides its key."""
 
     mode: Literal["train", "eval", "train_and_eval"] = doc("train", "what to run (run.py --mode)")
-    max_steps: int | None = doc(None, "stop after this global step; required when neither num_steps nor num_epochs is given")
-    num_steps: int | None = doc(None, "steps to run in this invocation (not with num_epochs)")
-    num_epochs: int | None = doc(None, "epochs to run (not with num_steps)")
-    steps_per_epoch: int | None = doc(None, "steps in an epoch; default: the loader's length")
-    log_steps: int = required("log the loss every this many steps")
-    checkpoint_steps: int = doc(0, "save a checkpoint every this many steps (0: only at the end)")
+    max_steps: int | None = doc(None, "stop after this global step; required when neither num_steps nor num_epochs is given", min=1)
+    num_steps: int | None = doc(None, "steps to run in this invocation (not with num_epochs)", min=1)
+    num_epochs: int | None = doc(None, "epochs to run (not with num_steps)", min=1)
+    steps_per_epoch: int | None = doc(None, "steps in an epoch; default: the loader's length", min=1)
+    log_steps: int = required("log the loss every this many steps", min=1)
+    checkpoint_steps: int = doc(0, "save a checkpoint every this many steps (0: only at the end)", min=0)
     save_losses: bool = doc(False, "write every step's loss to model_dir/losses/")
     save_initial_checkpoint: bool = doc(False, "save checkpoint_0.mdl before the first step")
     check_loss_values: bool = doc(True, "stop with 'NaN loss detected.' / 'inf loss detected.'")
     seed: int | None = doc(None, "seed for torch, numpy and Python's random")
-    eval_steps: int | None = doc(None, "eval batches to run (default: one pass over the eval data)")
+    eval_steps: int | None = doc(None, "eval batches to run (default: one pass over the eval data)", min=1)
     model_dir: str = doc("", "output folder (default: <run.py dir>/model_dir)")
     cs_ip: str | None = doc(None, "system address HOST[:PORT] (port 9000 when none); default $CS_IP")
     cpu: bool = doc(False, "force the CPU path even when cs_ip is set")
@@ -70,7 +71,8 @@ class RunConfig:
     execution_strategy: Literal["pipeline"] = doc("pipeline", "pipelined mode (the only one here)")
 
     def check(self) -> None:
-        """Refuse impossible combinations, naming the keys."""
+        """Refuse wrong types, out-of-range values and impossible combinations, naming the keys."""
+        check_fields(self, "runconfig")
         if self.num_steps is not None and self.num_epochs is not None:
             raise ConfigError("runconfig: give one of num_steps and num_epochs, not both")
         if self.max_steps is None and self.num_steps is None and self.num_epochs is None and self.mode != "eval":
@@ -79,12 +81,6 @@ class RunConfig:
             raise ConfigError("Please set one of compile_only and validate_only")
         if self.is_pretrained_checkpoint and not self.checkpoint_path:
             raise ConfigError("runconfig.is_pretrained_checkpoint: needs runconfig.checkpoint_path (--checkpoint_path)")
-        for name in ("max_steps", "num_steps", "num_epochs", "steps_per_epoch", "log_steps", "eval_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"runconfig.{name}: {value} must be at least 1")
-        if self.checkpoint_steps < 0:
-            raise ConfigError(f"runconfig.checkpoint_steps: {self.checkpoint_steps} must be 0 (end only) or more")
         for name in ("logging", "streamer_logging"):
             if self.__dict__[name].upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
                 raise ConfigError(f"runconfig.{name}: {self.__dict__[name]!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
@@ -133,29 +129,6 @@ class ModelConfig:
 
     mixed_precision: bool = required("fp32 weights with float16 compute (cbfloat16 with csconfig.use_cbfloat16); "
                                      "false: float32 compute (exactness checks)")
-
-
-@dataclass(kw_only=True)
-class InputConfig:
-    """``train_input`` / ``eval_input``: the input pipeline; models subclass it with processor fields."""
-
-    data_dir: str = doc("", "where the data is ('' for bundled or synthetic data)")
-    batch_size: int = required("samples per batch (per step, over all streamers)")
-    shuffle: bool = doc(True, "shuffle the samples every epoch")
-    shuffle_seed: int = doc(0, "seed of the shuffle")
-    drop_last_batch: bool = doc(True, "drop a short last batch (the system needs static shapes)")
-    num_workers: int = doc(0, "DataLoader worker processes per streamer")
-    prefetch_factor: int | None = doc(None, "batches each worker prefetches; also the stream's ring size")
-    persistent_workers: bool = doc(False, "keep DataLoader workers between epochs")
-
-    def check(self, path: str) -> None:
-        """Refuse impossible values, naming the keys under ``path``."""
-        if self.batch_size < 1:
-            raise ConfigError(f"{path}.batch_size: {self.batch_size} must be at least 1")
-        if self.num_workers < 0:
-            raise ConfigError(f"{path}.num_workers: {self.num_workers} must be 0 or more")
-        if self.prefetch_factor is not None and self.num_workers == 0:
-            raise ConfigError(f"{path}.prefetch_factor: needs num_workers > 0 (torch's DataLoader rule)")
 
 
 @dataclass(kw_only=True)

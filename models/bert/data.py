@@ -1,7 +1,8 @@
 """BERT input functions: ``mlm_nsp`` HDF5 data written by ``cs_convert_hdf5``, sharded per streamer.
 
-``train_input`` / ``eval_input`` are :class:`BertInputConfig`: the common input keys plus the
-legacy processor fields (``data_processor``, ``max_sequence_length``,
+``train_input`` / ``eval_input`` are :class:`BertInputConfig`, a
+:class:`~csrun.data.HDF5InputConfig` (the one model of an input section) that narrows the legacy
+processor fields to BERT's (``data_processor``, ``max_sequence_length``,
 ``max_predictions_per_seq``, ``vocab_file``), which are checked against the data's
 ``metadata.json`` before the first step; the model's ``vocab_size`` is checked too (it must
 hold the data's vocabulary).
@@ -18,8 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 from csrun.data import HDF5InputConfig
-from csrun.run.inputs import hdf5_input_fns
-from csrun.run.params import InputConfig, doc
+from csrun.run.inputs import hdf5_input_fns, with_data_dir
+from csrun.run.params import doc
 from csrun.typed_config import ConfigError
 
 HERE = Path(__file__).resolve().parent
@@ -36,38 +37,24 @@ given vocabulary and seed is deterministic, tokenizer training is not."""
 
 
 @dataclass(kw_only=True)
-class BertInputConfig(InputConfig):
+class BertInputConfig(HDF5InputConfig):
     """``train_input`` / ``eval_input`` for BERT pretraining on HDF5 data."""
 
     data_processor: Literal["BertHDF5DataProcessor"] = doc("BertHDF5DataProcessor", "reads cs_convert_hdf5 mlm_nsp data")
-    max_sequence_length: int = doc(128, "tokens per sample; must equal the data's max_seq_length")
+    max_sequence_length: int = doc(128, "tokens per sample; must equal the data's max_seq_length", min=5)
     max_predictions_per_seq: int = doc(20, "masked positions per sample; must equal the data's")
-    vocab_file: str | None = doc(None, "optional: a vocab.txt that must match the data's vocabulary size")
-    int_dtype: Literal["int64", "stored"] = doc("int64", "integer fields as int64, or as stored (int32, the system's)")
 
     def check(self, path: str) -> None:
         """Refuse impossible values, naming the keys under ``path``."""
         super().check(path)
-        if self.max_sequence_length < 5:
-            raise ConfigError(f"{path}.max_sequence_length: {self.max_sequence_length} must be at least 5")
         if not 1 <= self.max_predictions_per_seq <= self.max_sequence_length - 3:
             raise ConfigError(f"{path}.max_predictions_per_seq: {self.max_predictions_per_seq} must be in "
                               f"1..{self.max_sequence_length - 3}")
 
 
-def data_dir_of(cfg: InputConfig) -> str:
-    """The data directory: ``cfg.data_dir``, or the bundled debug data when it is empty."""
-    return cfg.data_dir or str(DEBUG_DATA_DIR)
+def resolved(cfg: BertInputConfig) -> BertInputConfig:
+    """The section as the loader reads it: ``data_dir: ""`` is the bundled debug data."""
+    return with_data_dir(cfg, DEBUG_DATA_DIR)
 
 
-def hdf5_config(cfg: BertInputConfig, *, vocab_size: int | None = None) -> HDF5InputConfig:
-    """The :class:`HDF5InputConfig` of an input section (``vocab_size``: the model's, checked)."""
-    return HDF5InputConfig(
-        data_dir=data_dir_of(cfg), batch_size=cfg.batch_size, shuffle=cfg.shuffle, shuffle_seed=cfg.shuffle_seed,
-        drop_last_batch=cfg.drop_last_batch, num_workers=cfg.num_workers, prefetch_factor=cfg.prefetch_factor,
-        persistent_workers=cfg.persistent_workers, int_dtype=cfg.int_dtype, data_processor=cfg.data_processor,
-        max_sequence_length=cfg.max_sequence_length, max_predictions_per_seq=cfg.max_predictions_per_seq,
-        vocab_size=vocab_size, vocab_file=cfg.vocab_file)
-
-
-train_input_dataloader, eval_input_dataloader = hdf5_input_fns(BertInputConfig, hdf5_config, "BERT")
+train_input_dataloader, eval_input_dataloader = hdf5_input_fns(BertInputConfig, "BERT", DEBUG_DATA_DIR)

@@ -1,7 +1,8 @@
 """GPT-2 input functions: ``causal_lm`` HDF5 data written by ``cs_convert_hdf5``, sharded per streamer.
 
-``train_input`` / ``eval_input`` are :class:`GptInputConfig`: the common input keys plus the
-legacy processor fields (``data_processor``, ``max_sequence_length``, ``vocab_file``), checked
+``train_input`` / ``eval_input`` are :class:`GptInputConfig`, a :class:`~csrun.data.HDF5InputConfig`
+(the one model of an input section) that narrows the legacy processor fields to GPT-2's
+(``data_processor``, ``max_sequence_length``, ``vocab_file``; no ``max_predictions_per_seq``), checked
 against the data's ``metadata.json`` before the first step, as is the model's ``vocab_size``.
 
 ``data_dir: ""`` means the bundled debug data, :data:`DEBUG_DATA_DIR` (MSL 32, 512-token
@@ -16,8 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from csrun.data import HDF5InputConfig
-from csrun.run.inputs import hdf5_input_fns
-from csrun.run.params import InputConfig, doc
+from csrun.run.inputs import hdf5_input_fns, with_data_dir
+from csrun.run.params import doc
 from csrun.typed_config import ConfigError
 
 HERE = Path(__file__).resolve().parent
@@ -32,33 +33,23 @@ DEBUG_CONVERT_FLAGS = (
 
 
 @dataclass(kw_only=True)
-class GptInputConfig(InputConfig):
+class GptInputConfig(HDF5InputConfig):
     """``train_input`` / ``eval_input`` for GPT-2 on HDF5 data."""
 
     data_processor: Literal["GptHDF5DataProcessor"] = doc("GptHDF5DataProcessor", "reads cs_convert_hdf5 causal_lm data")
-    max_sequence_length: int = doc(1024, "tokens per sample; must equal the data's max_seq_length")
-    vocab_file: str | None = doc(None, "optional: a vocab.txt that must match the data's vocabulary size")
-    int_dtype: Literal["int64", "stored"] = doc("int64", "integer fields as int64, or as stored (int32, the system's)")
+    max_sequence_length: int = doc(1024, "tokens per sample; must equal the data's max_seq_length", min=2)
 
     def check(self, path: str) -> None:
         """Refuse impossible values, naming the keys under ``path``."""
         super().check(path)
-        if self.max_sequence_length < 2:
-            raise ConfigError(f"{path}.max_sequence_length: {self.max_sequence_length} must be at least 2")
+        if self.max_predictions_per_seq is not None:
+            raise ConfigError(f"{path}.max_predictions_per_seq: {self.max_predictions_per_seq!r}: causal_lm data has no "
+                              "masked positions; remove the key")
 
 
-def data_dir_of(cfg: InputConfig) -> str:
-    """The data directory: ``cfg.data_dir``, or the bundled debug data when it is empty."""
-    return cfg.data_dir or str(DEBUG_DATA_DIR)
+def resolved(cfg: GptInputConfig) -> GptInputConfig:
+    """The section as the loader reads it: ``data_dir: ""`` is the bundled debug data."""
+    return with_data_dir(cfg, DEBUG_DATA_DIR)
 
 
-def hdf5_config(cfg: GptInputConfig, *, vocab_size: int | None = None) -> HDF5InputConfig:
-    """The :class:`HDF5InputConfig` of an input section (``vocab_size``: the model's, checked)."""
-    return HDF5InputConfig(
-        data_dir=data_dir_of(cfg), batch_size=cfg.batch_size, shuffle=cfg.shuffle, shuffle_seed=cfg.shuffle_seed,
-        drop_last_batch=cfg.drop_last_batch, num_workers=cfg.num_workers, prefetch_factor=cfg.prefetch_factor,
-        persistent_workers=cfg.persistent_workers, int_dtype=cfg.int_dtype, data_processor=cfg.data_processor,
-        max_sequence_length=cfg.max_sequence_length, vocab_size=vocab_size, vocab_file=cfg.vocab_file)
-
-
-train_input_dataloader, eval_input_dataloader = hdf5_input_fns(GptInputConfig, hdf5_config, "GPT-2")
+train_input_dataloader, eval_input_dataloader = hdf5_input_fns(GptInputConfig, "GPT-2", DEBUG_DATA_DIR)

@@ -10,6 +10,7 @@ import torch
 
 from csrun.data import (DataError, HDF5Dataset, HDF5InputConfig, HDF5ShardDataset, ShardLayout,
                         epoch_order, hdf5_dataloader)
+from csrun.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,10 +147,16 @@ def test_input_config_and_dataloader(ids_dir: Callable[[int], Path]) -> None:
                                           "max_sequence_length": 4, "data_processor": "GptHDF5DataProcessor"})
     loader = hdf5_dataloader(config, shard_index=1, num_shards=2)
     assert len(loader) == 10 and all(b["input_ids"].shape == (5, 4) for b in loader)
-    with pytest.raises(DataError, match="unknown input key.*'bacth_size'"):
+    with pytest.raises(ConfigError, match="train_input.bacth_size: unknown key. Did you mean 'batch_size'"):
         HDF5InputConfig.from_params({"data_dir": str(data), "batch_size": 5, "bacth_size": 5})
-    with pytest.raises(DataError, match="batch_size must be an integer"):
-        HDF5InputConfig.from_params({"data_dir": str(data), "batch_size": "5"})
+    with pytest.raises(ConfigError, match="eval_input.batch_size: '5' must be a whole number"):
+        HDF5InputConfig.from_params({"data_dir": str(data), "batch_size": "5"}, "eval_input")
+    with pytest.raises(ConfigError, match="input.batch_size: 0 must be at least 1"):
+        hdf5_dataloader(HDF5InputConfig(data_dir=str(data), batch_size=0))
+    with pytest.raises(ConfigError, match="train_input.data_dir: empty"):
+        hdf5_dataloader(HDF5InputConfig(batch_size=5), section="train_input")
+    with pytest.raises(DataError, match="vocab_size 3 is smaller than the vocabulary"):
+        hdf5_dataloader(HDF5InputConfig(data_dir=str(data), batch_size=5), vocab_size=3)
     with pytest.raises(DataError, match="max_sequence_length 128 does not match"):
         hdf5_dataloader(HDF5InputConfig(data_dir=str(data), batch_size=5, max_sequence_length=128))
     with pytest.raises(DataError, match="reads mlm_nsp but"):

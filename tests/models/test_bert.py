@@ -41,7 +41,7 @@ def params() -> Params:
 
 @pytest.fixture(scope="module")
 def batch(params: Params) -> Batch:
-    return first_batch(hdf5_dataloader(bert_data.hdf5_config(params.train_input, vocab_size=params.model.vocab_size)))
+    return first_batch(hdf5_dataloader(bert_data.resolved(params.train_input), vocab_size=params.model.vocab_size))
 
 
 def _model(params: Params, **changes: Any) -> torch.nn.Module:
@@ -130,6 +130,6 @@ def test_captures_compiles_and_runs_under_autocast(params: Params, batch: Batch,
 
 
 def test_loss_falls_on_debug_data(params: Params) -> None:
-    loader = hdf5_dataloader(bert_data.hdf5_config(params.train_input, vocab_size=params.model.vocab_size))
+    loader = hdf5_dataloader(bert_data.resolved(params.train_input), vocab_size=params.model.vocab_size)
     losses = train_losses(_model(params), loader, steps=30, lr=2e-3)
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses

@@ -37,8 +37,8 @@ def test_debug_configs_match_the_bundled_data(name: str, model: str) -> None:
     params = load_params(name, *(BERT if model == "bert" else GPT2))
     for section in (params.train_input, params.eval_input):
         assert section.data_dir == ""
-        config = data.hdf5_config(section, vocab_size=params.model.vocab_size)
-        config.check_against(HDF5Dataset(config.data_dir).metadata)  # raises on any mismatch
+        config = data.resolved(section)
+        config.check_against(HDF5Dataset(config.data_dir).metadata, vocab_size=params.model.vocab_size)  # raises on any mismatch
         assert config.data_dir == str(data.DEBUG_DATA_DIR)
 
 
