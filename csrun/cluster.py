@@ -24,6 +24,13 @@ restarts
 launcher
     ``CSRUN_LAUNCHER`` (``csrun_cpu`` or ``csrun_wse``, set by the launchers) and
     ``CSRUN_LAUNCH_MODE`` (``slurm`` or ``local``); ``SLURM_JOB_ID`` for the job id.
+device address
+    ``CS_IP``: the device (emulator server) address a launcher exported (``csrun_wse
+    --emulator`` sets it on the chief); kept as given, parsed where the run path is decided
+    (:mod:`csrun.driver.run_path`).
+
+Everything else in csrun asks :func:`cluster_info` (or the user API's state, which holds one)
+for these values instead of reading the environment again.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ class ClusterInfo:
     """The Slurm job id, or ``""``."""
     restart_count: int = 0
     """How often Slurm has requeued this job (a preempted run resumes when it is above 0)."""
+    cs_ip: str = ""
+    """The device address the launcher exported (``CS_IP``, stripped), or ``""``."""
 
     @property
     def role(self) -> str:
@@ -114,6 +123,7 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
         launch_mode=env.get("CSRUN_LAUNCH_MODE", ""),
         job_id=env.get("SLURM_JOB_ID", ""),
         restart_count=_first_int(env, ("SLURM_RESTART_COUNT",), 0),
+        cs_ip=env.get("CS_IP", "").strip(),
     )
 
 

@@ -31,3 +31,9 @@ def test_slurm_heterogeneous_step_sums_components() -> None:
 def test_chief_with_streamers_has_no_streaming_rank() -> None:
     info = cluster_info({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3"})
     assert (info.role, info.num_streamers, info.streaming_rank) == (CHIEF, 2, -1)
+
+
+def test_launcher_job_and_device_address_are_carried() -> None:
+    info = cluster_info({"CSRUN_LAUNCHER": "csrun_wse", "SLURM_JOB_ID": "42", "CS_IP": " node7:9100 "})
+    assert (info.launcher, info.job_id, info.cs_ip) == ("csrun_wse", "42", "node7:9100")
+    assert cluster_info({}).cs_ip == "" and cluster_info({}).job_id == ""

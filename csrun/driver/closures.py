@@ -1,4 +1,4 @@
-"""Step closures on the device: handles resolved to CPU tensors, in order, some on a thread.
+"""Step closures: :class:`StepClosure`, and on the device their handles resolved to CPU tensors, in order.
 
 At each step boundary the chief hands the step's closures to :class:`ClosureRunner.run`:
 
@@ -18,12 +18,29 @@ device's ``queue_depth`` steps.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from torch.utils import _pytree as pytree
 
 from csrun.emulator.handles import DeviceTensor, StepHandle
-from csrun.torch.backend import StepClosure
+
+
+@dataclass(kw_only=True)
+class StepClosure:
+    """A function to run at the end of the step it was added in."""
+
+    fn: Callable[..., Any]
+    """What to call."""
+    args: tuple = ()
+    """Positional arguments (device-tensor handles are resolved before the call)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments."""
+    run_async: bool = False
+    """The device may run it on a helper thread, still in order; the CPU backend runs it inline."""
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args, **self.kwargs)
 
 
 def resolve(obj: Any) -> Any:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from csrun.compiler.flow import CompileResult
+
 
 @dataclass(frozen=True, kw_only=True)
 class CompileInfo:
@@ -37,7 +39,7 @@ def _estimate(estimate_json: dict[str, Any] | None) -> float | None:
     return None
 
 
-def from_result(result: Any, mode: str) -> CompileInfo:
-    """The figures of a :class:`~csrun.compiler.CompileResult`."""
+def from_result(result: CompileResult, mode: str) -> CompileInfo:
+    """The figures of a :class:`~csrun.compiler.flow.CompileResult`."""
     return CompileInfo(compile_time=float(result.seconds), est_samples_per_sec=_estimate(result.estimate_json),
                        directory=result.directory, cache_hit=bool(result.cache_hit), mode=mode)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from csrun.address import Address, parse_address  # parse_address: also cs_emulator --listen
 from csrun.compiler.spec import ProgramSpec
 from csrun.emulator import wire
 from csrun.emulator.device import Device
@@ -31,33 +32,6 @@ from csrun.emulator.errors import (
 from csrun.emulator.handles import StepHandle
 from csrun.emulator.program import save_program
 from csrun.errors import UserError
-
-DEFAULT_PORT = 9000
-
-
-def parse_address(address: str, *, allow_zero: bool = False) -> tuple[str, int]:
-    """``host``, ``host:port``, ``:port`` or ``[v6]:port`` to (host, port); the port defaults to
-    9000 and the host to 127.0.0.1. ``allow_zero`` accepts port 0 (listen on a free port)."""
-    address = address.strip()
-    if not address:
-        raise UserError("the system address is empty; give HOST or HOST:PORT (e.g. 127.0.0.1:9000)")
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif address.count(":") == 1:
-        host, port_text = address.split(":")
-    else:
-        host, port_text = address, ""
-    if not port_text:
-        return host, DEFAULT_PORT
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise UserError(f"bad port in system address {address!r}; use HOST:PORT") from None
-    if not (0 if allow_zero else 1) <= port < 65536:
-        raise UserError(f"port {port} in {address!r} is out of range")
-    return host or "127.0.0.1", port
-
 
 def _error_from(header: dict[str, Any]) -> BaseException:
     kind = header.get("kind")
@@ -126,8 +100,8 @@ class RemoteDevice(Device):
 
     @property
     def where(self) -> str:
-        """``host:port`` of the system."""
-        return f"{self.host}:{self.port}"
+        """``host:port`` (``[v6]:port``) of the system."""
+        return str(Address(self.host, self.port))
 
     def _connect(self, timeout: float) -> socket.socket:
         deadline = time.monotonic() + timeout

@@ -2,23 +2,26 @@
 
 Every flag given on the command line overwrites the same key of ``params["runconfig"]``
 before the params are typed and checked, so a flag is checked exactly like the YAML key.
-See :mod:`csrun.run` for the table of flags.
+See :mod:`csrun.run` for the table of flags. ``--cs_ip`` (default ``CS_IP``, read through
+:class:`~csrun.cluster.ClusterInfo`) is parsed by :func:`csrun.address.parse_address` and
+recorded as ``host:port``; a bad one is a one-line error. The path is decided by
+:func:`csrun.driver.run_path.decide`; :class:`RunPath` is how run.py reports it
+(``cpu`` or ``system``, as ``performance.json`` records it).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from csrun.address import AddressError, parse_address
+from csrun.cluster import ClusterInfo, cluster_info
+from csrun.driver import run_path
+from csrun.driver.run_path import EMBEDDED, RunFlags
 from csrun.run.params import InputConfig, ModelConfig, Params, params_from_dict, read_yaml
 from csrun.typed_config import ConfigError
-
-DEFAULT_PORT = 9000
-EMBEDDED = "embedded"
-"""The ``--cs_ip`` value for the emulator in the chief's process."""
 
 RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "model_dir", "checkpoint_path",
                    "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume")
@@ -50,7 +53,8 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
 
 
 def normalize_cs_ip(value: str | None) -> str | None:
-    """``HOST`` -> ``HOST:9000``; empty -> None; ``embedded`` (the in-process emulator) stays."""
+    """``HOST`` -> ``HOST:9000`` (:func:`~csrun.address.parse_address`); empty -> None;
+    ``embedded`` (the in-process emulator) stays. A bad address raises :class:`~csrun.address.AddressError`."""
     if value is None:
         return None
     value = str(value).strip()
@@ -58,19 +62,21 @@ def normalize_cs_ip(value: str | None) -> str | None:
         return None
     if value.lower() == EMBEDDED:
         return EMBEDDED
-    if ":" not in value:
-        value = f"{value}:{DEFAULT_PORT}"
-    return value
+    return str(parse_address(value))
 
 
 def parse_args(argv: list[str] | None, *, prog: str = "run.py",
                environ: Mapping[str, str] | None = None) -> argparse.Namespace:
-    """The parsed flags; ``cs_ip`` falls back to ``$CS_IP``. argparse exits 2 on a bad flag."""
-    args = build_parser(prog).parse_args(argv)
-    env = os.environ if environ is None else environ
-    if args.cs_ip is None and env.get("CS_IP"):
-        args.cs_ip = env["CS_IP"]
-    args.cs_ip = normalize_cs_ip(args.cs_ip)
+    """The parsed flags; ``cs_ip`` falls back to ``CS_IP``. argparse exits 2 on a bad flag or address."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    from_env = args.cs_ip is None
+    if from_env:
+        args.cs_ip = cluster_info(environ).cs_ip or None
+    try:
+        args.cs_ip = normalize_cs_ip(args.cs_ip)
+    except AddressError as exc:
+        parser.error(f"{'CS_IP' if from_env else 'argument -cs/--cs_ip'}: {exc}")
     return args
 
 
@@ -88,7 +94,10 @@ def apply_overrides(data: dict[str, Any], args: argparse.Namespace, *, default_m
         if value is not None:
             rc[name] = value
     if rc.get("cs_ip") is not None:
-        rc["cs_ip"] = normalize_cs_ip(str(rc["cs_ip"]))
+        try:
+            rc["cs_ip"] = normalize_cs_ip(str(rc["cs_ip"]))
+        except AddressError as exc:
+            raise ConfigError(f"runconfig.cs_ip: {exc}") from None
     if not rc.get("model_dir"):
         rc["model_dir"] = default_model_dir or "model_dir"
     out["runconfig"] = rc
@@ -103,40 +112,38 @@ def load_params(args: argparse.Namespace, *, model_config: type[ModelConfig] = M
     return params_from_dict(data, model_config=model_config, input_config=input_config)
 
 
-Path_ = Literal["cpu", "system"]
+PathName = Literal["cpu", "system"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunPath:
-    """Where the chief runs the steps."""
+    """Where the chief runs the steps, as run.py reports it."""
 
-    kind: Path_
-    """``cpu`` (eager PyTorch) or ``system`` (the device: a server at cs_ip, or the embedded emulator)."""
+    kind: PathName
+    """``cpu`` (eager PyTorch) or ``system`` (the device: a server at cs_ip, the embedded emulator, or a compile)."""
     cs_ip: str | None
     """The server's address, or None for the embedded emulator / CPU."""
     reason: str
     """Why this path, for the log."""
 
 
-def choose_path(params: Params, environ: Mapping[str, str] | None = None) -> RunPath:
-    """The legacy rule: the system when cs_ip, compile_only or validate_only; else the CPU.
+def choose_path(params: Params, environ: Mapping[str, str] | None = None, *,
+                info: ClusterInfo | None = None) -> RunPath:
+    """The path :func:`csrun.driver.run_path.decide` picks for the params' runconfig.
 
-    Launched by csrun_wse (``CSRUN_LAUNCHER=csrun_wse``) without ``--cpu`` and without a
-    cs_ip, the system path runs the embedded emulator. ``--cpu`` wins over cs_ip and the
-    launcher; compile_only / validate_only are compiles and always take the system path.
+    The system when cs_ip, compile_only or validate_only is set, or when launched by
+    csrun_wse (``ClusterInfo.launcher``) without ``--cpu`` (then the emulator runs embedded);
+    ``--cpu`` wins over cs_ip and the launcher; compile_only / validate_only always compile.
+    ``info`` defaults to :func:`~csrun.cluster.cluster_info` of ``environ`` (``os.environ``).
     """
-    env = os.environ if environ is None else environ
     rc = params.runconfig
-    if rc.compile_only or rc.validate_only:
-        which = "compile_only" if rc.compile_only else "validate_only"
-        return RunPath(kind="system", cs_ip=None if rc.cpu else rc.cs_ip, reason=which)
-    if rc.cpu:
-        return RunPath(kind="cpu", cs_ip=None, reason="--cpu")
-    if rc.cs_ip:
-        return RunPath(kind="system", cs_ip=rc.cs_ip, reason=f"cs_ip {rc.cs_ip}")
-    if env.get("CSRUN_LAUNCHER") == "csrun_wse":
-        return RunPath(kind="system", cs_ip=None, reason="launched by csrun_wse (embedded emulator)")
-    return RunPath(kind="cpu", cs_ip=None, reason="no cs_ip")
+    flags = RunFlags(cs_ip=rc.cs_ip, cpu=bool(rc.cpu), compile_only=bool(rc.compile_only),
+                     validate_only=bool(rc.validate_only))
+    try:
+        path = run_path.decide(flags, cluster_info(environ) if info is None else info)
+    except (run_path.RunPathError, AddressError) as exc:
+        raise ConfigError(str(exc)) from None
+    return RunPath(kind="cpu" if path.on_cpu else "system", cs_ip=path.cs_ip, reason=path.reason)
 
 
 def check_system_rules(params: Params, path: RunPath) -> None:

@@ -25,7 +25,8 @@ and under Slurm (``srun --mpi=pmi2``): rank 0 is the chief, every other rank a s
 
 Which path the chief takes (``initialize(cs_ip=None, *, compile_only=False,
 validate_only=False, settings=None, model_dir=None, compile_dir=None, device="cpu",
-queue_depth=2)``; details in :mod:`csrun.torch.paths`):
+queue_depth=2)``; the one decision is :func:`csrun.driver.run_path.decide`, addresses are
+parsed by :func:`csrun.address.parse_address`):
 
 =============================================================  ==================================
 ``compile_only=True`` / ``validate_only=True``                 compile/validate at the first
@@ -34,13 +35,15 @@ queue_depth=2)``; details in :mod:`csrun.torch.paths`):
                                                                ``SystemExit(0 or 1)``
 ``cs_ip="embedded"``                                           EmbeddedDevice in this process
 ``cs_ip=None``, ``CS_IP`` unset, ``CSRUN_LAUNCHER=csrun_wse``  EmbeddedDevice in this process
-``cs_ip="HOST[:PORT]"`` or ``CS_IP=HOST[:PORT]``               RemoteDevice (cs_emulator server)
+``cs_ip="HOST[:PORT]"`` or ``CS_IP=HOST[:PORT]``               RemoteDevice (cs_emulator server;
+                                                               port 9000 when none, ``[v6]:port``)
 otherwise (``csrun_cpu``, plain ``python``)                    eager PyTorch on the CPU
 =============================================================  ==================================
 
 On the device the model's ``forward(batch)`` must return the loss (or a dict with a
 ``"loss"`` key): the first ``model(batch)`` in the Session captures and compiles it
-(:mod:`csrun.torch.device_backend`); later calls only send the batch and return device-tensor
+(:mod:`csrun.driver.driver`, reached through :mod:`csrun.torch.device_backend`); later calls
+only send the batch and return device-tensor
 handles, read in step closures. ``loss.backward()``, ``optimizer.step()`` and
 ``optimizer.zero_grad()`` are checked for order and otherwise do nothing there: the device
 runs backward, the optimizer, the learning-rate schedule, clipping and loss scaling itself.
@@ -48,7 +51,7 @@ On the CPU with ``settings`` the same schedule and clipping apply to the torch o
 
 State and step (both paths): :func:`global_step` (optimizer steps taken),
 :func:`get_state` (``{"model", "optimizer", "amp", "global_step"}``, the legacy checkpoint
-keys, see :mod:`csrun.torch.legacy_state`), :func:`set_state` (before or between steps),
+keys, see :mod:`csrun.driver.legacy_state`), :func:`set_state` (before or between steps),
 :func:`compile_info` (compile seconds and the estimated samples/s, for performance.json).
 
 Public names: :func:`initialize`, :func:`module`, :func:`optimizer`, :func:`dataloader`,
@@ -68,13 +71,16 @@ from typing import Any
 
 import torch
 
+from csrun.driver.closures import StepClosure
+from csrun.driver.compile_info import CompileInfo
+from csrun.driver.options import DeviceOptions
 from csrun.errors import UserError
 from csrun.stream.errors import BatchError, StreamError
 from csrun.stream.stats import StreamStats
-from csrun.torch.backend import Backend, DeviceOptions, EagerBackend, StepClosure, register_device_backend
+from csrun.torch.backend import Backend, EagerBackend, register_device_backend
 from csrun.torch.closures import add_step_closure, step_closure
-from csrun.torch.compile_info import CompileInfo
 from csrun.torch.dataloader import StreamingDataLoader, dataloader
+from csrun.torch.device_backend import make_device_backend
 from csrun.torch.helpers import (
     get_ordinal,
     get_streaming_rank,
@@ -146,10 +152,4 @@ __all__ = [
 ]
 
 
-def _install_device_backend() -> None:
-    from csrun.torch.device_backend import make_device_backend
-
-    register_device_backend(make_device_backend)
-
-
-_install_device_backend()
+register_device_backend(make_device_backend)  # the device path: csrun.driver behind csrun.torch.device_backend

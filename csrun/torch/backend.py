@@ -15,72 +15,32 @@ The user API never runs a step itself; it calls a :class:`Backend` at fixed poin
 * session exit -> :meth:`Backend.end_session`;
 * ``cbtorch.global_step()`` / ``get_state()`` / ``set_state()`` -> :meth:`Backend.global_step`,
   :meth:`Backend.get_state`, :meth:`Backend.set_state` (the legacy checkpoint state, see
-  :mod:`csrun.torch.legacy_state`).
+  :mod:`csrun.driver.legacy_state`).
 
 :class:`EagerBackend` is the CPU backend (plain eager PyTorch, the ``csrun_cpu`` validation
 run and every run without a device). Given compile settings it applies the device's training
 semantics (learning-rate schedule from the global step, gradient clipping; see
 :mod:`csrun.torch.rules`), so CPU and device runs agree. Device backends register a factory
-with :func:`register_device_backend`; ``initialize()`` on the chief calls it when the path
-table in :mod:`csrun.torch` picks the device (csrun.torch installs
-:mod:`csrun.torch.device_backend` on import).
+with :func:`register_device_backend`; ``initialize()`` on the chief calls it when the run
+path (:mod:`csrun.driver.run_path`) is not the CPU (csrun.torch installs
+:mod:`csrun.torch.device_backend` on import). :class:`~csrun.driver.closures.StepClosure` and
+:class:`~csrun.driver.options.DeviceOptions` live in the driver and are named here too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
-from csrun.torch import legacy_state
+from csrun.compiler.settings import CompileSettings
+from csrun.driver import legacy_state
+from csrun.driver.closures import StepClosure
+from csrun.driver.options import DeviceOptions
 from csrun.torch.rules import TrainingRules
 
-
-@dataclass(kw_only=True)
-class StepClosure:
-    """A function to run at the end of the step it was added in."""
-
-    fn: Callable[..., Any]
-    """What to call."""
-    args: tuple = ()
-    """Positional arguments (device-tensor handles are resolved before the call)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments."""
-    run_async: bool = False
-    """The device may run it on a helper thread, still in order; the CPU backend runs it inline."""
-
-    def __call__(self) -> Any:
-        return self.fn(*self.args, **self.kwargs)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceOptions:
-    """What ``initialize()`` was told about the device."""
-
-    cs_ip: str | None = None
-    """``HOST:PORT`` of the device (the emulator server), or None."""
-    embedded: bool = False
-    """Run the emulator in this process (``cs_ip="embedded"``, or ``csrun_wse`` without ``CS_IP``)."""
-    compile_only: bool = False
-    """Compile on the first step and stop, without running."""
-    validate_only: bool = False
-    """Capture and check on the first step and stop, without a full compile."""
-    settings: Any = None
-    """A :class:`~csrun.compiler.CompileSettings` (None: built from the wrapped torch optimizer)."""
-    model_dir: str | None = None
-    """Where ``cs_<hash>/`` compile directories go (None: ``model_dir`` in the working directory)."""
-    compile_dir: str | None = None
-    """An explicit compile directory (overrides ``model_dir/cs_<hash>``)."""
-    device: str = "cpu"
-    """Torch device of the embedded emulator: ``cpu``, ``cuda`` or ``cuda:<i>``."""
-    queue_depth: int = 2
-    """Steps the chief may run ahead of the device."""
-
-    @property
-    def uses_device(self) -> bool:
-        """True when the chief compiles for (and maybe runs on) the device."""
-        return bool(self.cs_ip or self.embedded or self.compile_only or self.validate_only)
+__all__ = ["Backend", "EagerBackend", "DeviceFactory", "register_device_backend", "device_factory",
+           "StepClosure", "DeviceOptions"]
 
 
 class Backend(Protocol):
@@ -110,7 +70,7 @@ class Backend(Protocol):
         """Optimizer steps taken (including the value a loaded state carried)."""
 
     def get_state(self) -> dict[str, Any]:
-        """The legacy checkpoint state (see :mod:`csrun.torch.legacy_state`)."""
+        """The legacy checkpoint state (see :mod:`csrun.driver.legacy_state`)."""
 
     def set_state(self, state: Mapping[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
         """Load a legacy checkpoint state, before or between steps."""
@@ -126,7 +86,8 @@ class EagerBackend:
 
     name = "cpu"
 
-    def __init__(self, settings: Any = None) -> None:
+    def __init__(self, settings: CompileSettings | None = None) -> None:
+        """``settings``: apply the device's schedule and clipping (None: the optimizer's own)."""
         self.modules: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.rules = TrainingRules(settings)

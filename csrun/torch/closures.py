@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from csrun.torch.backend import StepClosure
+from csrun.driver.closures import StepClosure
+from csrun.errors import UserError
 from csrun.torch.state import state
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,8 +24,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 def add_step_closure(fn: Callable[..., Any], args: tuple = (), run_async: bool = False) -> None:
     """Run ``fn(*args)`` at the end of the current step, after the closures added before it."""
     if not callable(fn):
-        from csrun.errors import UserError
-
         raise UserError(f"add_step_closure needs a callable, got {type(fn).__name__} {fn!r}")
     state().closures.append(StepClosure(fn=fn, args=tuple(args), run_async=run_async))
 

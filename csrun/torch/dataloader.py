@@ -19,20 +19,30 @@ steps are counted in :attr:`StreamingDataLoader.stats`.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from torch.utils.data import DataLoader
 
 from csrun.errors import UserError
 from csrun.stream.local import LocalStream
 from csrun.stream.source import EPOCH_END
-from csrun.stream.stats import ChiefStats
+from csrun.stream.stats import ChiefStats, StreamerStats
 from csrun.torch.closures import end_step
 from csrun.torch.sharding import DataLoaderError, ShardPlan, ShardSampler, plan_shard, shard_loader
 from csrun.torch.state import state
 
 DEFAULT_PREFETCH = 4
 """Batches in flight per streamer when the loader sets no ``prefetch_factor``."""
+
+
+class BatchStream(Protocol):
+    """Where the chief's batches come from: the streamers' receiver, or the local loader."""
+
+    def next(self) -> Any:
+        """The next batch, or ``EPOCH_END``."""
+
+    def stop(self) -> list[StreamerStats]:
+        """Stop the stream; the streamers' statistics (none for a local stream)."""
 
 
 class LoaderSource:
@@ -92,7 +102,7 @@ class StreamingDataLoader:
         self.stats = ChiefStats()
         """The chief's input-wait and step times."""
         self._skip = 0
-        self._stream: Any = None
+        self._stream: BatchStream | None = None
         self._in_step = False
         self._last_return: float | None = None
 
@@ -129,10 +139,16 @@ class StreamingDataLoader:
 
     # -- used by Session ------------------------------------------------------------------
 
-    def _attach(self, stream: Any) -> None:
+    @property
+    def start_batch(self) -> int:
+        """The global batch the sequence starts at (set by :meth:`skip`; 0 by default)."""
+        return self._skip
+
+    def attach(self, stream: BatchStream) -> None:
+        """Take batches from ``stream`` (the Session's receiver) instead of the local loader."""
         self._stream = stream
 
-    def _finish(self, run_closures: bool = True) -> list:
+    def finish(self, run_closures: bool = True) -> list[StreamerStats]:
         """End the step in flight (its closures run unless told not to), stop the stream.
 
         Returns the streamers' statistics.

@@ -31,6 +31,7 @@ import numpy as np
 
 from csrun.errors import UserError
 from csrun.stream.schema import pack, unpack
+from csrun.stream.wire import mpi
 from csrun.torch.state import comm, state
 
 
@@ -135,6 +136,4 @@ def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> A
 
 def _byte() -> Any:
     """``MPI.BYTE``."""
-    from csrun.stream.wire import mpi
-
     return mpi().BYTE

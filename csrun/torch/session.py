@@ -29,7 +29,8 @@ from csrun.errors import UserError
 from csrun.stream.errors import StreamError
 from csrun.stream.receiver import Receiver
 from csrun.stream.sender import run_streamer
-from csrun.stream.stats import StreamStats, print_report
+from csrun.stream.stats import StreamerStats, StreamStats, print_report
+from csrun.stream.wire import mpi
 from csrun.torch.dataloader import StreamingDataLoader
 from csrun.torch.state import comm, state
 
@@ -81,14 +82,14 @@ class Session:
             st.streamed = True
             try:
                 self._receiver = Receiver(comm(), list(range(1, st.info.num_tasks)),
-                                          prefetch=self.dataloader.prefetch, skip=self.dataloader._skip)
+                                          prefetch=self.dataloader.prefetch, skip=self.dataloader.start_batch)
                 self._receiver.start()
             except StreamError as exc:
                 abort_job(str(exc))
             sys.stderr.write(f"csrun: streaming from {st.info.num_streamers} streamer(s): "
                              f"{self._receiver.describe()}\n")
             sys.stderr.flush()
-            self.dataloader._attach(self._receiver)
+            self.dataloader.attach(self._receiver)
         st.session = self
         return self
 
@@ -96,8 +97,6 @@ class Session:
         st = state()
         st.streamed = True
         run_streamer(comm(), self.dataloader.source(), node=st.info.node_name)
-        from csrun.stream.wire import mpi
-
         MPI = mpi()
         if not MPI.Is_finalized():
             MPI.Finalize()
@@ -112,9 +111,9 @@ class Session:
             abort_job(str(exc))
         if exc is not None and streaming:
             self._receiver.timeout = min(self._receiver.timeout, _STOP_AFTER_FAILURE_S)
-        streamers: list = []
+        streamers: list[StreamerStats] = []
         try:
-            streamers = self.dataloader._finish(run_closures=exc is None)
+            streamers = self.dataloader.finish(run_closures=exc is None)
         except StreamError as stop_exc:
             if not streaming:
                 raise

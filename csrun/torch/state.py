@@ -12,8 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from csrun.cluster import ClusterInfo, cluster_info
+from csrun.compiler.settings import CompileSettings
+from csrun.driver.run_path import RunFlags, RunPathError, decide
+from csrun.stream.receiver import Receiver
+from csrun.stream.wire import mpi
 from csrun.torch.backend import Backend, DeviceOptions, EagerBackend, StepClosure, device_factory
-from csrun.torch.paths import InitializeError, choose
+
+
+class InitializeError(RunPathError):
+    """``initialize()`` was asked for something this run cannot do (a path error is one too)."""
 
 
 @dataclass(kw_only=True)
@@ -53,11 +60,14 @@ def state() -> State:
 
 
 def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate_only: bool = False,
-               settings: Any = None, model_dir: str | None = None, compile_dir: str | None = None,
+               settings: CompileSettings | None = None, model_dir: str | None = None, compile_dir: str | None = None,
                device: str = "cpu", queue_depth: int = 2, backend: Backend | None = None) -> State:
     """Set up this task: its role from the launcher's environment and, on the chief, the path.
 
-    The path (device or CPU) follows the table in :mod:`csrun.torch.paths`. On the device
+    The path (device or CPU) follows the table in :mod:`csrun.driver.run_path`, from the
+    arguments and this task's :class:`~csrun.cluster.ClusterInfo` (``CS_IP``, the launcher);
+    conflicting flags raise :class:`InitializeError`, a bad address
+    :class:`~csrun.address.AddressError`. On the device
     path the chief asks the registered device backend factory for its backend (see
     :mod:`csrun.torch.backend`); otherwise it runs eagerly on the CPU, applying the device's
     training semantics when ``settings`` (a :class:`~csrun.compiler.CompileSettings`) are
@@ -66,12 +76,14 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
     ``backend`` installs a backend directly (tests, tools).
     """
     st = state()
-    address, embedded = choose(cs_ip, compile_only=compile_only, validate_only=validate_only)
+    try:
+        path = decide(RunFlags(cs_ip=cs_ip, compile_only=compile_only, validate_only=validate_only), st.info)
+    except RunPathError as exc:
+        raise InitializeError(str(exc)) from None
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
         raise InitializeError(f"queue_depth must be a positive integer, got {queue_depth!r}")
-    st.options = DeviceOptions(cs_ip=address, embedded=embedded, compile_only=compile_only,
-                               validate_only=validate_only, settings=settings, model_dir=model_dir,
-                               compile_dir=compile_dir, device=device, queue_depth=queue_depth)
+    st.options = DeviceOptions(path=path, settings=settings, model_dir=model_dir, compile_dir=compile_dir,
+                               device=device, queue_depth=queue_depth, job_id=st.info.job_id)
     if backend is not None:
         st.backend = backend
     elif st.info.is_chief and st.options.uses_device:
@@ -87,8 +99,6 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
 
 def comm() -> Any:
     """``MPI.COMM_WORLD`` (imports mpi4py on first call)."""
-    from csrun.stream.wire import mpi
-
     return mpi().COMM_WORLD
 
 
@@ -98,8 +108,6 @@ def _release_unstarted() -> None:
     if st is None or st.streamed:
         return
     try:
-        from csrun.stream.receiver import Receiver
-
         Receiver(comm(), list(range(1, st.info.num_tasks)), timeout=1.0).stop_unstarted()
     except Exception:  # exiting anyway; the launcher cleans up
         pass

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 import csrun.torch as cbtorch
 from csrun.emulator.errors import DeviceTensorReadError
-from csrun.torch.device_steps import StepOrderError
+from csrun.driver.steps import StepOrderError
 
 from . import helpers
 from .helpers import MLP, dataset, settings, sgd, train

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import csrun.torch as cbtorch
-from csrun.torch.legacy_state import StateError
+from csrun.driver.legacy_state import StateError
 
 from .helpers import train
 

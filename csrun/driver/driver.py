@@ -1,0 +1,359 @@
+"""The device driver: one object that owns compile -> program -> device -> step execution.
+
+:class:`DeviceDriver` is what the chief's training loop talks to on the device path (the
+user API's :class:`~csrun.torch.device_backend.DeviceBackend` is a thin adapter onto it):
+
+* :meth:`~DeviceDriver.wrap_module` routes ``model(batch)`` to :meth:`~DeviceDriver.forward`;
+  :meth:`~DeviceDriver.wrap_optimizer` turns ``step()`` / ``zero_grad()`` into order checks
+  (:class:`~csrun.driver.steps.StepOrder`): the device runs backward, the optimizer, the
+  learning-rate schedule, clipping and loss scaling itself.
+* The first ``model(batch)`` of a mode captures and compiles the step with
+  :func:`csrun.compiler.flow.compile_only` (settings from the options, else
+  ``CompileSettings()`` with the wrapped optimizer; the session's DataLoader, from the
+  ``session_loader`` seam, for the short-last-batch check; the legacy messages on stdout),
+  raises the compile's problems, opens the device (:func:`open_device`: embedded, or the
+  server at the path's address), loads the program with the module's weights, applies a
+  :class:`PendingState` and submits the batch. Later calls check the batch against the
+  captured spec and submit it: the user's Python forward does not run again.
+* ``model(batch)`` returns :class:`~csrun.driver.steps.StepTensor` handles (the loss, or a
+  dict like the forward's); the chief runs ahead up to ``queue_depth`` steps; closures
+  resolve handles at the step boundary (:class:`~csrun.driver.closures.ClosureRunner`).
+* A ``compile_only`` / ``validate_only`` path compiles at the first ``model(batch)`` and
+  raises ``SystemExit(0)`` on success, ``SystemExit(1)`` on failure.
+* Switching modes (a train session, then eval) compiles the other program at its first
+  batch and carries the device's weights over (:class:`LoadedProgram` says what is loaded);
+  the training state is kept aside so a later train session resumes it.
+* :meth:`~DeviceDriver.get_state` waits for the device and maps its state to the legacy keys
+  (:mod:`csrun.driver.legacy_state`); :meth:`~DeviceDriver.set_state` loads onto the device,
+  or keeps the state as a :class:`PendingState` until a program is loaded.
+
+The device is closed by :meth:`DeviceDriver.close`, which is registered with :mod:`atexit`
+when the driver opens a device (the emulator's worker thread or socket must not outlive
+the interpreter).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Literal, Mapping, NoReturn
+
+import torch
+from rich.console import Console
+from torch.utils.data import DataLoader
+
+from csrun.compiler.checks import check_batch
+from csrun.compiler.flow import CompileResult, compile_only, exit_code, load_program, settings_with_optimizer
+from csrun.compiler.flow import validate_only as validate_step
+from csrun.compiler.settings import CompileSettings
+from csrun.compiler.spec import ProgramSpec
+from csrun.driver import legacy_state
+from csrun.driver.closures import ClosureRunner, StepClosure
+from csrun.driver.compile_info import CompileInfo, from_result
+from csrun.driver.options import DeviceOptions
+from csrun.driver.steps import StepOrder, StepTensor
+from csrun.emulator.auth_token import client_token
+from csrun.emulator.client import RemoteDevice
+from csrun.emulator.device import Device
+from csrun.emulator.embedded import EmbeddedDevice
+from csrun.emulator.handles import StepHandle
+from csrun.errors import UserError
+
+Mode = Literal["train", "eval"]
+StepOutputs = StepTensor | dict[str, StepTensor]
+"""What ``model(batch)`` returns on the device: the loss handle, or a dict of output handles."""
+SessionLoader = Callable[[], "DataLoader | None"]
+"""Seam: the user's DataLoader of the running session (None outside one), for the compile's checks."""
+
+
+class DeviceUsageError(UserError):
+    """The model or optimizer was used in a way the device path cannot run."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingState:
+    """A legacy state to load once a program is on the device."""
+
+    state: Mapping[str, Any]
+    """The legacy ``{"model", "optimizer", "amp", "global_step"}`` state."""
+    strict: bool
+    """Every model key must match."""
+    load_optimizer: bool
+    """Load optimizer state and loss scaler too (else weights only)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedProgram:
+    """The program on the device."""
+
+    mode: Mode
+    """``train`` (forward + backward + optimizer) or ``eval`` (forward only)."""
+    spec: ProgramSpec
+    """The compiled spec the batches are checked against."""
+    single_output: bool
+    """The forward returns one tensor (the loss), not a dict."""
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The forward's output names (``("loss",)`` for a bare loss)."""
+        return tuple(self.spec.outputs or ("loss",))
+
+
+def open_device(options: DeviceOptions) -> Device:
+    """The emulator this run uses: the server at the path's address, else embedded in this process."""
+    if options.path.address is not None:
+        return RemoteDevice(str(options.path.address), client_token(), options.job_id or str(os.getpid()),
+                            queue_depth=options.queue_depth)
+    return EmbeddedDevice(device=options.device, queue_depth=options.queue_depth)
+
+
+def _no_loader() -> DataLoader | None:
+    return None
+
+
+class DeviceDriver:
+    """Compiles the step, loads the program, runs the steps on the device (see the module manual)."""
+
+    def __init__(self, options: DeviceOptions, *, device: Device | None = None,
+                 session_loader: SessionLoader = _no_loader) -> None:
+        """``device``: an already open device (tests); else opened at the first load as ``options``
+        say. ``session_loader``: the running session's DataLoader, for the compile's checks."""
+        self.options = options
+        self.device = device
+        self.session_loader = session_loader
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.mode: Mode = "train"
+        """The session's mode (``train`` outside a session)."""
+        self.loaded: LoadedProgram | None = None
+        """The program on the device (None before the first step)."""
+        self.compile_info: CompileInfo | None = None
+        """The last compile's figures."""
+        self.pending: PendingState | None = None
+        """A state to load with the next program."""
+        self.train_state: Mapping[str, Any] | None = None
+        """The training state kept aside while an eval program is loaded."""
+        self.global_step = 0
+        """Optimizer steps taken (plus a loaded state's)."""
+        self.order = StepOrder()
+        self.closures = ClosureRunner()
+        self._atexit = False
+
+    # -- wrapping the user's objects ----------------------------------------------------------
+
+    def wrap_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Route ``model(...)`` calls to :meth:`forward`; the module is returned unchanged otherwise."""
+        driver = self
+
+        def forward(*args: Any, **kwargs: Any) -> StepOutputs:
+            return driver.forward(*args, **kwargs)
+
+        model.forward = forward  # instance attribute: nn.Module.__call__ finds it first
+        self.model = model
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """``step()`` and ``zero_grad()`` become order checks (the device runs the optimizer)."""
+        driver = self
+
+        def step(closure: Any = None) -> None:
+            driver.optimizer_step()
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            driver.order.zero_grad()
+
+        optimizer.step = step  # type: ignore[method-assign]
+        optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
+        self.optimizer = optimizer
+        return optimizer
+
+    @contextlib.contextmanager
+    def _user_objects(self) -> Iterator[None]:
+        """The user's own forward/step/zero_grad while the compiler looks at them."""
+        saved = []
+        for obj, names in ((self.model, ("forward",)), (self.optimizer, ("step", "zero_grad"))):
+            for name in names:
+                if obj is not None and name in obj.__dict__:
+                    saved.append((obj, name, obj.__dict__.pop(name)))
+        try:
+            yield
+        finally:
+            for obj, name, value in saved:
+                obj.__dict__[name] = value
+
+    # -- session and step boundaries ----------------------------------------------------------
+
+    def begin_session(self, mode: Mode) -> None:
+        """Remember the mode; a program of the other mode is replaced at the first batch."""
+        self.mode = mode
+        self.order.mode = mode
+        self.order.phase = "idle"
+        if self.model is not None:
+            self.model.train(mode == "train")
+
+    def end_step(self, closures: list[StepClosure]) -> None:
+        """Run the step's closures (handles resolved); surface async closure errors."""
+        self.closures.run(closures)
+
+    def end_session(self, failed: bool) -> None:
+        """Wait for async closures and the device; check the last step was complete."""
+        if failed:
+            with contextlib.suppress(BaseException):
+                self.closures.settle()
+            self.order.phase = "idle"
+            return
+        self.closures.settle()
+        self.order.finish()
+        if self.device is not None and self.loaded is not None:
+            self.device.synchronize()
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def forward(self, *args: Any, **kwargs: Any) -> StepOutputs:
+        """``model(batch)``: compile on the first call of a mode, then send the batch to the device."""
+        if len(args) != 1 or kwargs:
+            raise DeviceUsageError("on the device the model is called with one argument, the batch: "
+                                   "model(batch), whose forward(batch) returns the loss (or a dict with 'loss')")
+        batch = args[0]
+        if self.options.path.compiles_only:
+            self._compile_and_exit(batch)
+        mode = self.mode
+        if mode == "train":
+            self.order.check_forward()
+        loaded = self.loaded
+        if loaded is None or loaded.mode != mode:
+            loaded = self._compile_and_load(batch, mode)
+        else:
+            check_batch(batch, loaded.spec)
+        handle = self._device().submit(batch)
+        self.order.forward(handle.step)
+        return self._outputs(handle, loaded)
+
+    def _outputs(self, handle: StepHandle, loaded: LoadedProgram) -> StepOutputs:
+        if loaded.single_output:
+            return StepTensor(handle, "loss", self.order.backward)
+        return {n: StepTensor(handle, n, self.order.backward) for n in loaded.output_names}
+
+    def optimizer_step(self) -> None:
+        """``optimizer.step()``: checked; counts the global step."""
+        self.order.optimizer_step()
+        self.global_step += 1
+
+    # -- compile and load ---------------------------------------------------------------------
+
+    def settings_for(self, mode: Mode) -> CompileSettings:
+        """The compile settings for ``mode``: the options' (or defaults), with the wrapped optimizer."""
+        settings = self.options.settings if self.options.settings is not None else CompileSettings()
+        if settings.mode in ("train", "eval") and settings.mode != mode:
+            settings = replace(settings, mode=mode)
+        if mode == "train" and self.optimizer is not None and self.model is not None:
+            try:
+                settings = settings_with_optimizer(settings, self.optimizer, self.model)
+            except (TypeError, ValueError):
+                pass  # the compiler reports it
+        return settings
+
+    def compile(self, batch: Any, mode: Mode, *, validate: bool = False) -> CompileResult:
+        """Capture and compile (or only validate) the step on ``batch``; records :attr:`compile_info`."""
+        if self.model is None:
+            raise DeviceUsageError("wrap the model with cbtorch.module(model) before calling it")
+        optimizer = self.optimizer if mode == "train" else None
+        loader = self.session_loader()
+        console = Console(highlight=False, soft_wrap=True)
+        with self._user_objects():
+            if validate:
+                result = validate_step(self.model, batch, settings=self.settings_for(mode), optimizer=optimizer,
+                                       dataloader=loader, console=console)
+            else:
+                result = compile_only(self.model, batch, settings=self.settings_for(mode),
+                                      model_dir=self.options.model_dir, compile_dir=self.options.compile_dir,
+                                      optimizer=optimizer, dataloader=loader, console=console)
+        self.compile_info = from_result(result, mode)
+        return result
+
+    def _compile_and_exit(self, batch: Any) -> NoReturn:
+        result = self.compile(batch, self.mode, validate=self.options.path.kind == "validate_only")
+        raise SystemExit(exit_code(result))
+
+    def _compile_and_load(self, batch: Any, mode: Mode) -> LoadedProgram:
+        if self.loaded is not None and self.pending is None:
+            self.pending = self._carry_over(mode)
+        result = self.compile(batch, mode)
+        result.raise_for_problems()
+        program = result.program
+        if program is None:  # a cache hit by source: the saved program has no weight values
+            program, _ = load_program(result.directory, weights=self.model.state_dict())
+        out_spec = program.call_spec.out_spec
+        loaded = LoadedProgram(mode=mode, spec=result.spec, single_output=out_spec is None or out_spec.is_leaf())
+        device = self._device()
+        t0 = time.perf_counter()
+        device.load(program, loaded.spec)
+        self.loaded = loaded
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._load_onto_device(pending)
+        if self.compile_info is not None:
+            self.compile_info = replace(self.compile_info, programming_time=time.perf_counter() - t0)
+        return loaded
+
+    def _carry_over(self, mode: Mode) -> PendingState:
+        """Switching programs (train <-> eval): the weights (and training state) to load into the next."""
+        current = self.get_state()
+        if self.loaded is not None and self.loaded.mode == "train":
+            self.train_state = current
+        carried = self.train_state if mode == "train" and self.train_state is not None else current
+        return PendingState(state=carried, strict=False, load_optimizer=mode == "train")
+
+    def _device(self) -> Device:
+        """The device, opened on first use (and closed at interpreter exit)."""
+        if self.device is None:
+            self.device = open_device(self.options)
+        if not self._atexit:
+            atexit.register(self.close)
+            self._atexit = True
+        return self.device
+
+    # -- state --------------------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """The legacy state; waits for every submitted step."""
+        if self.loaded is None or self.device is None:
+            if self.pending is not None:
+                return dict(self.pending.state)
+            return legacy_state.eager_state(self.model, self.optimizer, self.global_step)
+        state = legacy_state.from_device(self.device.state_dict(), self.model, self.optimizer)
+        if self.loaded.mode != "train":
+            state["global_step"] = self.global_step
+            if self.train_state is not None:
+                state["optimizer"] = self.train_state.get("optimizer", {})
+                state["amp"] = self.train_state.get("amp", {})
+        return state
+
+    def set_state(self, state: Mapping[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
+        """Load onto the device now, or when the program is loaded."""
+        state = legacy_state.check(state)
+        if load_optimizer:
+            self.global_step = legacy_state.step_of(state)
+        pending = PendingState(state=state, strict=strict, load_optimizer=load_optimizer)
+        if self.loaded is None:
+            self.pending = pending
+            return
+        self._load_onto_device(pending)
+
+    def _load_onto_device(self, pending: PendingState) -> None:
+        device = self._device()
+        dev = legacy_state.to_device(pending.state, device.state_dict(), self.model, self.optimizer,
+                                     strict=pending.strict)
+        device.load_state_dict(dev, strict=False, load_optimizer=pending.load_optimizer)
+
+    def close(self) -> None:
+        """Release the closure thread and the device."""
+        self.closures.close()
+        device, self.device = self.device, None
+        self.loaded = None
+        if device is not None:
+            with contextlib.suppress(Exception):
+                device.close()

@@ -1,0 +1,53 @@
+"""What the driver was told: the run path and the compile / device settings (``initialize()``'s arguments)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from csrun.compiler.settings import CompileSettings
+from csrun.driver.run_path import RunPath
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceOptions:
+    """What ``initialize()`` was told about the device."""
+
+    path: RunPath = field(default_factory=lambda: RunPath(kind="cpu", reason="not initialized"))
+    """The run path :func:`csrun.driver.run_path.decide` chose."""
+    settings: CompileSettings | None = None
+    """Compile settings (None: ``CompileSettings()`` with the wrapped torch optimizer)."""
+    model_dir: str | None = None
+    """Where ``cs_<hash>/`` compile directories go (None: ``model_dir`` in the working directory)."""
+    compile_dir: str | None = None
+    """An explicit compile directory (overrides ``model_dir/cs_<hash>``)."""
+    device: str = "cpu"
+    """Torch device of the embedded emulator: ``cpu``, ``cuda`` or ``cuda:<i>``."""
+    queue_depth: int = 2
+    """Steps the chief may run ahead of the device."""
+    job_id: str = ""
+    """The job id a remote device is told (the Slurm job id; the driver uses the pid when empty)."""
+
+    @property
+    def cs_ip(self) -> str | None:
+        """``HOST:PORT`` of the device (the emulator server), or None."""
+        return self.path.cs_ip
+
+    @property
+    def embedded(self) -> bool:
+        """True when the emulator runs in this process."""
+        return self.path.kind == "embedded"
+
+    @property
+    def compile_only(self) -> bool:
+        """Compile on the first step and stop, without running."""
+        return self.path.kind == "compile_only"
+
+    @property
+    def validate_only(self) -> bool:
+        """Capture and check on the first step and stop, without a full compile."""
+        return self.path.kind == "validate_only"
+
+    @property
+    def uses_device(self) -> bool:
+        """True when the chief compiles for (and maybe runs on) the device."""
+        return not self.path.on_cpu
