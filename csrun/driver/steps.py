@@ -20,13 +20,17 @@ and raises :class:`StepOrderError` naming that order otherwise. In eval mode onl
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from csrun.emulator.handles import DeviceTensor, StepHandle
 from csrun.errors import UserError
 
 ORDER = ("each training step calls, in this order: model(batch), loss.backward(), optimizer.step(); "
          "optimizer.zero_grad() goes before model(batch) or after optimizer.step()")
+
+
+Phase = Literal["idle", "forward", "backward", "stepped"]
+"""Where the current training step is."""
 
 
 class StepOrderError(UserError):
@@ -51,8 +55,8 @@ class StepOrder:
     """The state of the current step: idle -> forward -> backward -> stepped."""
 
     def __init__(self) -> None:
-        self.phase = "idle"
-        self.mode = "train"
+        self.phase: Phase = "idle"
+        self.mode: Literal["train", "eval"] = "train"
         self.step_number = 0
         """Number of the device step the last forward submitted."""
 

@@ -85,17 +85,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from csrun.run.params import InputConfig, ModelConfig, Params
+
 __all__ = ["run", "Params", "ModelConfig", "InputConfig"]
 
 
 def __getattr__(name: str) -> Any:
-    """Import lazily: ``csrun.run.params`` must not pull in torch's runtime for YAML checks."""
+    """``run`` loads lazily, and this stays on purpose: ``csrun.run.params`` (imported by the
+    models' ``model.py``/``data.py`` and YAML checks) must not pull in torch, the compiler and
+    the emulator through ``csrun.run.runner`` -> ``csrun.torch`` -> ``csrun.driver``."""
     if name == "run":
         from csrun.run.runner import run
 
         return run
-    if name in ("Params", "ModelConfig", "InputConfig"):
-        from csrun.run import params
-
-        return getattr(params, name)
     raise AttributeError(f"module 'csrun.run' has no attribute {name!r}")
