@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit status."""
-    from csrun.emulator.client import parse_address
+    from csrun.address import parse_address
     from csrun.emulator.server import EmulatorServer
 
     args = _parser().parse_args(argv)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from csrun.address import Address, parse_address  # parse_address: also cs_emulator --listen
+from csrun.address import Address, parse_address
 from csrun.compiler.spec import ProgramSpec
 from csrun.emulator import wire
 from csrun.emulator.device import Device
