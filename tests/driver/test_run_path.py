@@ -75,3 +75,25 @@ def test_bad_addresses_are_one_line_errors(flags: RunFlags, env: dict[str, str],
     with pytest.raises((RunPathError, AddressError)) as exc:
         decide(flags, cluster_info(env))
     assert named in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("argv,env,named", [
+    (["--cs_ip", "h:0"], {}, "argument -cs/--cs_ip: port 0 in the address 'h:0' is out of range"),
+    ([], {"CS_IP": "h:x"}, "CS_IP: bad port 'x'"),
+])
+def test_run_py_refuses_a_bad_address_in_one_line(argv: list[str], env: dict[str, str], named: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from csrun.run.cli_args import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["-p", "x.yaml", "-m", "train", *argv], environ=env)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and named in err[-1]
+
+
+def test_run_py_records_the_parsed_address() -> None:
+    from csrun.run.cli_args import parse_args
+
+    assert parse_args(["-p", "x", "-m", "train", "--cs_ip", "[::1]"], environ={}).cs_ip == "[::1]:9000"
+    assert parse_args(["-p", "x", "-m", "train"], environ={"CS_IP": "node7"}).cs_ip == "node7:9000"
+    assert parse_args(["-p", "x", "-m", "train", "--cs_ip", "Embedded"], environ={}).cs_ip == "embedded"
