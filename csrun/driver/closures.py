@@ -2,9 +2,10 @@
 
 At each step boundary the chief hands the step's closures to :class:`ClosureRunner.run`:
 
-* device tensors (:class:`~csrun.emulator.handles.DeviceTensor`) and step handles anywhere in
-  a closure's ``args``/``kwargs`` (inside tuples, lists and dicts too) are replaced by their
-  CPU values, waiting for the step they belong to;
+* step values (:class:`~csrun.driver.step_recording.StepValue`), device tensors and step
+  handles anywhere in a closure's ``args``/``kwargs`` (inside tuples, lists and dicts too) are
+  replaced by their CPU values, waiting for the step they belong to; step values the closure
+  reaches otherwise (captured variables, a dataclass output) read their values while it runs;
 * plain closures then run at once on the chief, in the order added;
 * ``run_async=True`` closures run on one background thread, in the order added (resolving
   there too, so the chief does not wait for the device). They overlap the next step only:
@@ -23,6 +24,7 @@ from typing import Any, Callable
 
 from torch.utils import _pytree as pytree
 
+from csrun.driver.step_recording import StepValue, in_closure, value_of
 from csrun.emulator.handles import DeviceTensor, StepHandle
 
 
@@ -47,6 +49,8 @@ def resolve(obj: Any) -> Any:
     """``obj`` with every device tensor / step handle replaced by its CPU value."""
 
     def one(x: Any) -> Any:
+        if isinstance(x, StepValue):
+            return value_of(x)
         if isinstance(x, DeviceTensor):
             return x.resolve()
         if isinstance(x, StepHandle):
@@ -57,9 +61,10 @@ def resolve(obj: Any) -> Any:
 
 
 def call(closure: StepClosure) -> Any:
-    """Resolve the closure's arguments and call it."""
+    """Resolve the closure's arguments and call it (step values it captured read their values too)."""
     args, kwargs = resolve((tuple(closure.args), dict(closure.kwargs)))
-    return closure.fn(*args, **kwargs)
+    with in_closure():
+        return closure.fn(*args, **kwargs)
 
 
 class ClosureRunner:

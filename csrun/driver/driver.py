@@ -42,10 +42,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Literal, Mapping, NoReturn
 
 import torch
+import torch.utils._pytree as pytree
 from rich.console import Console
 from torch.utils.data import DataLoader
 
-from csrun.compiler.checks import check_batch
 from csrun.compiler.flow import CompileResult, compile_only, exit_code, load_program, settings_with_optimizer
 from csrun.compiler.flow import validate_only as validate_step
 from csrun.compiler.settings import CompileSettings
@@ -54,17 +54,15 @@ from csrun.driver import legacy_state
 from csrun.driver.closures import ClosureRunner, StepClosure
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
-from csrun.driver.steps import StepOrder, StepTensor
+from csrun.driver.step_recording import Recording, StepRecorder, StepValue
+from csrun.driver.steps import StepOrder
 from csrun.emulator.auth_token import client_token
 from csrun.emulator.client import RemoteDevice
 from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.handles import StepHandle
 from csrun.errors import UserError
 
 Mode = Literal["train", "eval"]
-StepOutputs = StepTensor | dict[str, StepTensor]
-"""What ``model(batch)`` returns on the device: the loss handle, or a dict of output handles."""
 SessionLoader = Callable[[], "DataLoader | None"]
 """Seam: the user's DataLoader of the running session (None outside one), for the compile's checks."""
 
@@ -92,14 +90,23 @@ class LoadedProgram:
     mode: Mode
     """``train`` (forward + backward + optimizer) or ``eval`` (forward only)."""
     spec: ProgramSpec
-    """The compiled spec the batches are checked against."""
-    single_output: bool
-    """The forward returns one tensor (the loss), not a dict."""
+    """The compiled spec."""
+    step: str
+    """The recorded step it runs (:meth:`~csrun.driver.step_recording.Recording.signature`)."""
 
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        """The forward's output names (``("loss",)`` for a bare loss)."""
-        return tuple(self.spec.outputs or ("loss",))
+
+@dataclass(kw_only=True)
+class OpenStep:
+    """The step the loop is in: from its batch to its boundary."""
+
+    mode: Mode
+    batch: Any
+    """The batch as the loader made it (CPU tensors): what is sent to the device."""
+    recorder: StepRecorder
+    implicit: bool
+    """Opened by a model call outside the Session's batches (the call's arguments are the batch)."""
+    calls: int = 0
+    """Model calls so far."""
 
 
 def open_device(options: DeviceOptions) -> Device:
@@ -112,6 +119,11 @@ def open_device(options: DeviceOptions) -> Device:
 
 def _no_loader() -> DataLoader | None:
     return None
+
+
+def _holds_step_values(obj: Any) -> bool:
+    """Whether any tensor in ``obj`` (tuples, lists, dicts) is a step value."""
+    return any(isinstance(leaf, StepValue) for leaf in pytree.tree_leaves(obj))
 
 
 class DeviceDriver:
@@ -140,6 +152,12 @@ class DeviceDriver:
         """Optimizer steps taken (plus a loaded state's)."""
         self.order = StepOrder()
         self.closures = ClosureRunner()
+        self.recorders: dict[Mode, StepRecorder] = {"train": StepRecorder(), "eval": StepRecorder()}
+        """One per mode: records the mode's first step, checks the later ones."""
+        self.open_step: OpenStep | None = None
+        """The step the loop is in (None between steps)."""
+        self.steps_begun = 0
+        self._model_forward: Callable[..., Any] | None = None
         self._atexit = False
 
     # -- wrapping the user's objects ----------------------------------------------------------
@@ -147,8 +165,10 @@ class DeviceDriver:
     def wrap_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """Route ``model(...)`` calls to :meth:`forward`; the module is returned unchanged otherwise."""
         driver = self
+        own = model.__dict__.get("forward")
+        self._model_forward = own if own is not None else type(model).forward.__get__(model)
 
-        def forward(*args: Any, **kwargs: Any) -> StepOutputs:
+        def forward(*args: Any, **kwargs: Any) -> Any:
             return driver.forward(*args, **kwargs)
 
         model.forward = forward  # instance attribute: nn.Module.__call__ finds it first
@@ -171,40 +191,66 @@ class DeviceDriver:
         return optimizer
 
     @contextlib.contextmanager
-    def _user_objects(self) -> Iterator[None]:
-        """The user's own forward/step/zero_grad while the compiler looks at them."""
+    def _user_objects(self, recording: Recording) -> Iterator[None]:
+        """While the compiler looks: the model's forward is the recorded step (replayed from the
+        batch, the model's own forward for each call), the optimizer's step/zero_grad its own."""
         saved = []
         for obj, names in ((self.model, ("forward",)), (self.optimizer, ("step", "zero_grad"))):
             for name in names:
                 if obj is not None and name in obj.__dict__:
                     saved.append((obj, name, obj.__dict__.pop(name)))
+        forward = self._model_forward
+        if self.model is not None and forward is not None:
+            self.model.forward = recording.replay_forward(forward)  # type: ignore[method-assign]
         try:
             yield
         finally:
+            if self.model is not None:
+                self.model.__dict__.pop("forward", None)
             for obj, name, value in saved:
                 obj.__dict__[name] = value
 
     # -- session and step boundaries ----------------------------------------------------------
 
     def begin_session(self, mode: Mode) -> None:
-        """Remember the mode; a program of the other mode is replaced at the first batch."""
+        """Remember the mode; the session's first step is recorded anew (its program is compiled,
+        or found in the cache, at its boundary; the loaded one is kept when it is the same step)."""
         self.mode = mode
         self.order.mode = mode
         self.order.phase = "idle"
+        self.recorders[mode].reset()
         if self.model is not None:
             self.model.train(mode == "train")
 
+    def begin_step(self, batch: Any) -> Any:
+        """A batch from the session's loader: a new step; its tensors become step values."""
+        if self.open_step is not None:
+            self._dispatch()
+        return self._open(batch, implicit=False)
+
+    def _open(self, batch: Any, *, implicit: bool) -> Any:
+        recorder = self.recorders[self.mode]
+        self.steps_begun += 1
+        wrapped = recorder.begin(batch, self.steps_begun)
+        self.open_step = OpenStep(mode=self.mode, batch=batch, recorder=recorder, implicit=implicit)
+        return wrapped
+
     def end_step(self, closures: list[StepClosure]) -> None:
-        """Run the step's closures (handles resolved); surface async closure errors."""
+        """The step's boundary: send it to the device (step 1: compile first), then run its closures."""
+        if self.open_step is not None:
+            self._dispatch()
         self.closures.run(closures)
 
     def end_session(self, failed: bool) -> None:
         """Wait for async closures and the device; check the last step was complete."""
         if failed:
+            self.open_step = None
             with contextlib.suppress(BaseException):
                 self.closures.settle()
             self.order.phase = "idle"
             return
+        if self.open_step is not None:
+            self._dispatch()
         self.closures.settle()
         self.order.finish()
         if self.device is not None and self.loaded is not None:
@@ -212,30 +258,44 @@ class DeviceDriver:
 
     # -- the step -----------------------------------------------------------------------------
 
-    def forward(self, *args: Any, **kwargs: Any) -> StepOutputs:
-        """``model(batch)``: compile on the first call of a mode, then send the batch to the device."""
-        if len(args) != 1 or kwargs:
-            raise DeviceUsageError("on the device the model is called with one argument, the batch: "
-                                   "model(batch), whose forward(batch) returns the loss (or a dict with 'loss')")
-        batch = args[0]
-        if self.options.path.compiles_only:
-            self._compile_and_exit(batch)
-        mode = self.mode
-        if mode == "train":
-            self.order.check_forward()
-        loaded = self.loaded
-        if loaded is None or loaded.mode != mode:
-            loaded = self._compile_and_load(batch, mode)
-        else:
-            check_batch(batch, loaded.spec)
-        handle = self._device().submit(batch)
-        self.order.forward(handle.step)
-        return self._outputs(handle, loaded)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """``model(...)``: recorded in the step's first batch, checked against it later (the
+        user's Python forward runs on the CPU once, for shapes); returns step values."""
+        step = self.open_step
+        if step is not None and step.implicit and not _holds_step_values((args, kwargs)):
+            self._dispatch()  # a model call on new CPU tensors outside a Session: the next step
+            step = None
+        if step is None:
+            if len(args) == 1 and not kwargs:
+                args = (self._open(args[0], implicit=True),)
+            else:
+                args, kwargs = self._open((args, kwargs), implicit=True)
+            step = self.open_step
+            assert step is not None  # noqa: S101 - just opened
+        if step.calls == 0 and step.mode == "train":
+            self.order.forward(self.steps_begun)
+        step.calls += 1
+        if self._model_forward is None or self.model is None:
+            raise DeviceUsageError("wrap the model with cbtorch.module(model) before calling it")
+        return step.recorder.model_call(self.model, self._model_forward, args, kwargs,
+                                        on_backward=self.order.backward)
 
-    def _outputs(self, handle: StepHandle, loaded: LoadedProgram) -> StepOutputs:
-        if loaded.single_output:
-            return StepTensor(handle, "loss", self.order.backward)
-        return {n: StepTensor(handle, n, self.order.backward) for n in loaded.output_names}
+    def _dispatch(self) -> None:
+        """End the open step: compile its recording (the mode's first step), send the batch."""
+        step, self.open_step = self.open_step, None
+        assert step is not None  # noqa: S101 - callers check
+        recording, values = step.recorder.end()
+        if step.calls == 0:
+            return  # a batch the loop did not use: nothing to run
+        if self.options.path.compiles_only:
+            self._compile_and_exit(step.batch, recording)
+        if step.recorder.recording is None:
+            step.recorder.compiled(recording)
+        loaded = self.loaded
+        if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature():
+            self._compile_and_load(step.batch, step.mode, recording)
+        handle = self._device().submit(step.batch)
+        values.outputs = handle.result
 
     def optimizer_step(self) -> None:
         """``optimizer.step()``: checked; counts the global step."""
@@ -256,14 +316,14 @@ class DeviceDriver:
                 pass  # the compiler reports it
         return settings
 
-    def compile(self, batch: Any, mode: Mode, *, validate: bool = False) -> CompileResult:
-        """Capture and compile (or only validate) the step on ``batch``; records :attr:`compile_info`."""
+    def compile(self, batch: Any, mode: Mode, recording: Recording, *, validate: bool = False) -> CompileResult:
+        """Capture and compile (or only validate) the recorded step on ``batch``; records :attr:`compile_info`."""
         if self.model is None:
             raise DeviceUsageError("wrap the model with cbtorch.module(model) before calling it")
         optimizer = self.optimizer if mode == "train" else None
         loader = self.session_loader()
         console = Console(highlight=False, soft_wrap=True)
-        with self._user_objects():
+        with self._user_objects(recording):
             if validate:
                 result = validate_step(self.model, batch, settings=self.settings_for(mode), optimizer=optimizer,
                                        dataloader=loader, console=console)
@@ -274,20 +334,19 @@ class DeviceDriver:
         self.compile_info = from_result(result, mode)
         return result
 
-    def _compile_and_exit(self, batch: Any) -> NoReturn:
-        result = self.compile(batch, self.mode, validate=self.options.path.kind == "validate_only")
+    def _compile_and_exit(self, batch: Any, recording: Recording) -> NoReturn:
+        result = self.compile(batch, self.mode, recording, validate=self.options.path.kind == "validate_only")
         raise SystemExit(exit_code(result))
 
-    def _compile_and_load(self, batch: Any, mode: Mode) -> LoadedProgram:
+    def _compile_and_load(self, batch: Any, mode: Mode, recording: Recording) -> LoadedProgram:
         if self.loaded is not None and self.pending is None:
             self.pending = self._carry_over(mode)
-        result = self.compile(batch, mode)
+        result = self.compile(batch, mode, recording)
         result.raise_for_problems()
         program = result.program
         if program is None:  # a cache hit by source: the saved program has no weight values
             program, _ = load_program(result.directory, weights=self.model.state_dict())
-        out_spec = program.call_spec.out_spec
-        loaded = LoadedProgram(mode=mode, spec=result.spec, single_output=out_spec is None or out_spec.is_leaf())
+        loaded = LoadedProgram(mode=mode, spec=result.spec, step=recording.signature())
         device = self._device()
         t0 = time.perf_counter()
         device.load(program, loaded.spec)

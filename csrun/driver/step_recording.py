@@ -301,6 +301,15 @@ class Recording:
     """Values handed back besides the loss: model outputs and what the user held at the end."""
     value_lines: dict[int, Location | None] = field(default_factory=dict)
 
+    def signature(self) -> str:
+        """A stable text of the step (calls, operations, loss, kept values): which program runs it."""
+        lines = [f"batch {_describe_meta(self.batch_meta)}"]
+        for e in self.entries:
+            name = "model" if e.func is None else f"{getattr(e.func, '__module__', '')}.{getattr(e.func, '__qualname__', repr(e.func))}"
+            lines.append(f"{name}{_describe(tuple(e.args))}{_describe(e.kwargs)} -> {list(e.results)}")
+        lines.append(f"loss {self.loss} kept {list(self.kept)}")
+        return "\n".join(lines)
+
     @property
     def output_names(self) -> dict[int, str]:
         """Value number -> the program's output name (``loss`` first)."""
@@ -327,7 +336,10 @@ class Recording:
                 out = call_model(*args, **kwargs) if e.func is None else e.func(*args, **kwargs)
                 leaves, _ = flatten_output(out)
                 env.update(zip(e.results, leaves))
-            return {name: env[i] for i, name in names.items()}
+            out = {name: env[i] for i, name in names.items()}
+            if "loss" not in out:  # an eval step with no scalar loss of its own
+                out["loss"] = torch.zeros((), dtype=torch.float32)
+            return out
 
         return forward
 
@@ -470,6 +482,7 @@ class StepRecorder:
         self._pos = 0
         self._n = 0
         self._live: list[weakref.ref[StepValue]] = []
+        self._on_backward: Callable[[], None] | None = None
 
     # -- the step's life ----------------------------------------------------------------------
 
@@ -516,6 +529,8 @@ class StepRecorder:
             produced = {i for e in draft.entries for i in e.results}
             alive = {v._ref for v in (w() for w in self._live) if v is not None}
             model_outputs = {i for e in draft.entries if e.func is None for i in e.results}
+            if draft.loss is None:  # an eval step: the program's "loss" is the step's own, if it has one
+                draft.loss = _eval_loss(draft)
             kept = sorted((alive | model_outputs) & produced - ({draft.loss} if draft.loss is not None else set()))
             draft.kept = tuple(i for i in kept if i >= n_batch)
             recording = draft
@@ -543,9 +558,13 @@ class StepRecorder:
     # -- calls and operations -----------------------------------------------------------------
 
     def model_call(self, model: torch.nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Any:
-        """The wrapped model was called: record it (step 1, running ``forward`` on CPU values) or check it."""
+                   kwargs: dict[str, Any], *, on_backward: Callable[[], None] | None = None) -> Any:
+        """The wrapped model was called: record it (step 1, running ``forward`` on CPU values) or check it.
+
+        ``on_backward`` is called when ``backward()`` is called on a value of this step."""
         self._require_open("model(...)")
+        if on_backward is not None:
+            self._on_backward = on_backward
         if self._draft is not None:
             with _shadow_run(model), torch.no_grad():
                 out = forward(*_values(args), **_values(kwargs))
@@ -587,6 +606,8 @@ class StepRecorder:
                                  "the Session's dataloader hands out (for batch in dataloader: ...)")
 
     def _backward(self, loss: StepValue) -> None:
+        if self._on_backward is not None:
+            self._on_backward()
         if loss.numel() != 1 or not loss.dtype.is_floating_point:
             raise StepValueError(f"backward() on a {tuple(loss.shape)} {loss.dtype} value: the loss must be a scalar float "
                                  "(reduce it, e.g. loss.mean())")
@@ -662,6 +683,22 @@ class StepRecorder:
                                "the model's outputs and the values still held when the first step ended; keep a "
                                "reference to it (e.g. pass it to the step closure) in the first step too")
         return step.outputs()[name]
+
+
+def _eval_loss(recording: Recording) -> int | None:
+    """The value an eval step's program hands back as ``loss``: the model's own (a scalar it
+    returns, or its ``loss`` entry), else the last scalar float the step computed."""
+    scalars = {i for e in recording.entries for i, (shape, dtype) in zip(e.results, e.result_meta)
+               if len(shape) == 0 and dtype.is_floating_point}
+    for e in recording.entries:
+        if e.func is None and e.results and e.results[0] in scalars:
+            names = e.rebuild(list(e.results))
+            if isinstance(names, dict) and isinstance(names.get("loss"), int):
+                return names["loss"]
+            if isinstance(names, int):
+                return names
+    last = [i for e in recording.entries for i in e.results if i in scalars]
+    return last[-1] if last else None
 
 
 def _describe_meta(meta: tuple[tuple[torch.Size, torch.dtype], ...]) -> str:

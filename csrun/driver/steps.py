@@ -1,11 +1,7 @@
-"""What the chief's training loop holds on the device: step tensors and the step order.
+"""The order of a training step's pieces on the device.
 
-``model(batch)`` on the device returns :class:`StepTensor` handles (the loss, or a dict of
-the forward's outputs): their values exist once the step has run and are read in step
-closures (reading them elsewhere raises the system's hint, see
-:class:`csrun.emulator.handles.DeviceTensor`). ``loss.backward()`` is accepted on the loss
-handle; the device runs backward itself.
-
+What the loop holds on the device are step values (:mod:`csrun.driver.step_recording`);
+``loss.backward()`` on one names the loss, and the device runs backward itself.
 :class:`StepOrder` checks that the loop calls the training step's pieces in the usual order,
 as eager PyTorch needs them::
 
@@ -20,9 +16,8 @@ and raises :class:`StepOrderError` naming that order otherwise. In eval mode onl
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Literal
 
-from csrun.emulator.handles import DeviceTensor, StepHandle
 from csrun.errors import UserError
 
 ORDER = ("each training step calls, in this order: model(batch), loss.backward(), optimizer.step(); "
@@ -35,20 +30,6 @@ Phase = Literal["idle", "forward", "backward", "stepped"]
 
 class StepOrderError(UserError):
     """The loop called forward, backward, step or zero_grad out of order."""
-
-
-class StepTensor(DeviceTensor):
-    """A device tensor of the current step that also takes ``.backward()`` (the loss)."""
-
-    __slots__ = ("_on_backward",)
-
-    def __init__(self, handle: StepHandle, name: str, on_backward: Callable[["StepTensor"], None]) -> None:
-        super().__init__(handle, name)
-        self._on_backward = on_backward
-
-    def backward(self, *args: Any, **kwargs: Any) -> None:
-        """Mark the step's backward as called (the device runs it)."""
-        self._on_backward(self)
 
 
 class StepOrder:
@@ -75,13 +56,11 @@ class StepOrder:
             missing = "loss.backward() and optimizer.step()" if self.phase == "forward" else "optimizer.step()"
             self._fail(f"model(batch) was called again before {missing} of the previous step")
 
-    def backward(self, tensor: StepTensor) -> None:
-        """``loss.backward()`` on the current step's loss."""
+    def backward(self) -> None:
+        """``loss.backward()`` in the current step (the recorder checks it is on a scalar of this step)."""
         if self.mode != "train":
             raise StepOrderError("loss.backward() in an eval Session: eval steps run the forward only")
-        if tensor.name != "loss":
-            self._fail(f"backward() was called on the output {tensor.name!r}, not on the loss")
-        if self.phase != "forward" or tensor.step != self.step_number:
+        if self.phase != "forward":
             self._fail("loss.backward() was called without a new model(batch) before it")
         self.phase = "backward"
 

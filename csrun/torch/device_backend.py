@@ -58,8 +58,8 @@ class DeviceBackend:
         self.driver.begin_session("eval" if mode == "eval" else "train")
 
     def prepare_batch(self, batch: Any) -> Any:
-        """Batches stay on the CPU until ``model(batch)`` sends them."""
-        return batch
+        """A new step: the batch's tensors become step values (sent at the step's boundary)."""
+        return self.driver.begin_step(batch)
 
     def end_step(self, closures: list[StepClosure]) -> None:
         """Run the step's closures with their device tensors resolved."""
