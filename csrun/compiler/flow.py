@@ -114,7 +114,7 @@ def _does_not_fit(plan: Plan) -> ModelDoesNotFit:
 
 def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optimizer: torch.optim.Optimizer | None,
          lr_schedulers: Iterable[Any], dataloader: Any, validate: bool, model_dir: str | None, compile_dir: str | None,
-         wafer: WaferSpec, reuse_by_source: bool, console: Console | None) -> CompileResult:
+         wafer: WaferSpec, reuse_by_source: bool, console: Console | None, step_key: str = "") -> CompileResult:
     t0 = time.perf_counter()
     _say(console, report.MSG_COMPILING)
     settings = settings_with_optimizer(settings, optimizer, model)
@@ -125,7 +125,8 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
                                     fix="pass optimizer=<torch optimizer> or set the params optimizer section",
                                     location=caller_location()))
     if not validate and not problems and reuse_by_source:
-        hit = _fast_hit(model, batch, settings=settings, model_dir=model_dir, compile_dir=compile_dir, wafer=wafer)
+        hit = _fast_hit(model, batch, settings=settings, model_dir=model_dir, compile_dir=compile_dir, wafer=wafer,
+                        step_key=step_key)
         if hit is not None:
             hit.seconds = time.perf_counter() - t0
             _finish(hit, console)
@@ -153,7 +154,7 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
         return result
     spec_json = cap.spec.to_json()
     key = compile_key(cap.program, spec_json, wafer)
-    skey = _source_key(model, batch, settings, wafer)
+    skey = _source_key(model, batch, settings, wafer, step_key)
     target = compile_dir or os.path.join(model_dir or "model_dir", f"cs_{key}")
     result.directory = os.path.abspath(target)
 
@@ -189,17 +190,17 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
     return result
 
 
-def _source_key(model: torch.nn.Module, batch: Any, settings: CompileSettings, wafer: WaferSpec) -> str:
+def _source_key(model: torch.nn.Module, batch: Any, settings: CompileSettings, wafer: WaferSpec, step_key: str) -> str:
     inputs, tree = input_schema(batch)
     schema = json.dumps([[i.path, i.dtype, list(i.shape)] for i in inputs]) + tree
     spec = settings.program_spec(inputs=inputs, input_tree=tree, outputs=())
-    return source_key(model, schema, spec.to_json() + f"|{settings.mode}", wafer)
+    return source_key(model, schema, spec.to_json() + f"|{settings.mode}|{step_key}", wafer)
 
 
 def _fast_hit(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, model_dir: str | None,
-              compile_dir: str | None, wafer: WaferSpec) -> CompileResult | None:
+              compile_dir: str | None, wafer: WaferSpec, step_key: str = "") -> CompileResult | None:
     try:
-        skey = _source_key(model, batch, settings, wafer)
+        skey = _source_key(model, batch, settings, wafer, step_key)
     except (CompileError, ConfigError):
         return None
     if compile_dir is not None:
@@ -250,17 +251,18 @@ def compile_only(model: torch.nn.Module, batch: Any, *, settings: CompileSetting
                  model_dir: str | None = None, compile_dir: str | None = None,
                  optimizer: torch.optim.Optimizer | None = None, lr_schedulers: Iterable[Any] = (),
                  dataloader: Any = None, wafer: WaferSpec = WSE2, reuse_by_source: bool = True,
-                 console: Console | None = None) -> CompileResult:
+                 console: Console | None = None, step_key: str = "") -> CompileResult:
     """Capture, check, place on the wafer model and write (or reuse) the compile directory.
 
     The directory is ``compile_dir`` when given, else ``model_dir/cs_<hash>/``. With
     ``reuse_by_source`` a complete directory whose source key matches is reused without
-    capturing (see :mod:`csrun.compiler.cache.compile_dir`). Other arguments as
+    capturing (see :mod:`csrun.compiler.cache.compile_dir`); ``step_key`` (the recorded
+    step's text, when the forward replays one) is part of that key. Other arguments as
     :func:`validate_only`.
     """
     return _run(model, batch, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
                 dataloader=dataloader, validate=False, model_dir=model_dir, compile_dir=compile_dir, wafer=wafer,
-                reuse_by_source=reuse_by_source, console=console)
+                reuse_by_source=reuse_by_source, console=console, step_key=step_key)
 
 
 def load_program(directory: str, *, weights: Mapping[str, torch.Tensor] | None = None

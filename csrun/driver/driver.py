@@ -330,7 +330,8 @@ class DeviceDriver:
             else:
                 result = compile_only(self.model, batch, settings=self.settings_for(mode),
                                       model_dir=self.options.model_dir, compile_dir=self.options.compile_dir,
-                                      optimizer=optimizer, dataloader=loader, console=console)
+                                      optimizer=optimizer, dataloader=loader, console=console,
+                                      step_key=recording.signature())
         self.compile_info = from_result(result, mode)
         return result
 

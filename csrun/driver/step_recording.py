@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -194,6 +195,18 @@ def _fill(t: Any, env: Callable[[int], Any]) -> Any:
     return t
 
 
+def _constants(t: Any) -> Iterator[Const]:
+    """Every :class:`Const` in a template."""
+    if isinstance(t, Const):
+        yield t
+    elif isinstance(t, (list, tuple)):
+        for v in t:
+            yield from _constants(v)
+    elif isinstance(t, dict):
+        for v in t.values():
+            yield from _constants(v)
+
+
 def _describe(t: Any) -> str:
     if isinstance(t, Ref):
         return f"v{t.index}"
@@ -300,15 +313,25 @@ class Recording:
     kept: tuple[int, ...] = ()
     """Values handed back besides the loss: model outputs and what the user held at the end."""
     value_lines: dict[int, Location | None] = field(default_factory=dict)
+    _signature: str | None = field(default=None, repr=False)
 
     def signature(self) -> str:
-        """A stable text of the step (calls, operations, loss, kept values): which program runs it."""
+        """A stable text of the step (calls, operations, constants' digests, loss, kept values):
+        which program runs it (computed once)."""
+        if self._signature is not None:
+            return self._signature
         lines = [f"batch {_describe_meta(self.batch_meta)}"]
         for e in self.entries:
             name = "model" if e.func is None else f"{getattr(e.func, '__module__', '')}.{getattr(e.func, '__qualname__', repr(e.func))}"
             lines.append(f"{name}{_describe(tuple(e.args))}{_describe(e.kwargs)} -> {list(e.results)}")
         lines.append(f"loss {self.loss} kept {list(self.kept)}")
-        return "\n".join(lines)
+        consts = [c for e in self.entries for c in _constants((e.args, e.kwargs))]
+        digest = hashlib.sha256()
+        for c in consts:
+            digest.update(c.tensor.detach().cpu().contiguous().numpy().tobytes())
+        lines.append(f"constants {len(consts)} {digest.hexdigest()[:16]}")
+        self._signature = "\n".join(lines)
+        return self._signature
 
     @property
     def output_names(self) -> dict[int, str]:
