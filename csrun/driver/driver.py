@@ -55,6 +55,7 @@ from csrun.driver.closures import ClosureRunner, StepClosure
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
 from csrun.driver.step_recording import Recording, StepRecorder, StepValue
+from csrun.driver.state_view import StateView
 from csrun.driver.steps import StepOrder
 from csrun.emulator.auth_token import client_token
 from csrun.emulator.client import RemoteDevice
@@ -158,6 +159,8 @@ class DeviceDriver:
         """The step the loop is in (None between steps)."""
         self.steps_begun = 0
         self._model_forward: Callable[..., Any] | None = None
+        self.view = StateView(self)
+        """Keeps the user's model and optimizer showing the device's state."""
         self._atexit = False
 
     # -- wrapping the user's objects ----------------------------------------------------------
@@ -173,6 +176,7 @@ class DeviceDriver:
 
         model.forward = forward  # instance attribute: nn.Module.__call__ finds it first
         self.model = model
+        self.view.attach_model(model)
         return model
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -188,6 +192,7 @@ class DeviceDriver:
         optimizer.step = step  # type: ignore[method-assign]
         optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
         self.optimizer = optimizer
+        self.view.attach_optimizer(optimizer)
         return optimizer
 
     @contextlib.contextmanager
@@ -296,6 +301,8 @@ class DeviceDriver:
             self._compile_and_load(step.batch, step.mode, recording)
         handle = self._device().submit(step.batch)
         values.outputs = handle.result
+        if step.mode == "train":
+            self.view.stale = True
 
     def optimizer_step(self) -> None:
         """``optimizer.step()``: checked; counts the global step."""
@@ -323,7 +330,7 @@ class DeviceDriver:
         optimizer = self.optimizer if mode == "train" else None
         loader = self.session_loader()
         console = Console(highlight=False, soft_wrap=True)
-        with self._user_objects(recording):
+        with self.view.internal(), self._user_objects(recording):
             if validate:
                 result = validate_step(self.model, batch, settings=self.settings_for(mode), optimizer=optimizer,
                                        dataloader=loader, console=console)
@@ -380,6 +387,10 @@ class DeviceDriver:
 
     def get_state(self) -> dict[str, Any]:
         """The legacy state; waits for every submitted step."""
+        with self.view.internal():
+            return self._get_state()
+
+    def _get_state(self) -> dict[str, Any]:
         if self.loaded is None or self.device is None:
             if self.pending is not None:
                 return dict(self.pending.state)
@@ -394,6 +405,11 @@ class DeviceDriver:
 
     def set_state(self, state: Mapping[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
         """Load onto the device now, or when the program is loaded."""
+        with self.view.internal():
+            self._set_state(state, strict=strict, load_optimizer=load_optimizer)
+        self.view.stale = self.loaded is not None
+
+    def _set_state(self, state: Mapping[str, Any], *, strict: bool, load_optimizer: bool) -> None:
         state = legacy_state.check(state)
         if load_optimizer:
             self.global_step = legacy_state.step_of(state)
@@ -402,6 +418,33 @@ class DeviceDriver:
             self.pending = pending
             return
         self._load_onto_device(pending)
+
+    # -- the state view's source (csrun.driver.state_view.StateSource) ---------------------------
+
+    def device_state(self) -> Mapping[str, Any] | None:
+        """The legacy state on the device (waits for sent steps); None when no program is loaded."""
+        if self.loaded is None or self.device is None:
+            return None
+        return self._get_state()
+
+    def load_model_state(self, state: Mapping[str, Any], strict: bool) -> None:
+        """``model.load_state_dict`` reached the device (weights only; kept for the program when none is loaded)."""
+        full = {"model": dict(state), "optimizer": {}, "amp": {}, "global_step": self.global_step}
+        if self.loaded is None:
+            if self.pending is not None:
+                self.pending = replace(self.pending, state={**self.pending.state, "model": dict(state)})
+            return
+        self._load_onto_device(PendingState(state=full, strict=strict, load_optimizer=False))
+
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
+        """``optimizer.load_state_dict`` reached the device (kept for the program when none is loaded)."""
+        if self.loaded is None:
+            if self.pending is not None:
+                self.pending = replace(self.pending, state={**self.pending.state, "optimizer": dict(state)})
+            return
+        current = self._get_state()
+        current["optimizer"] = dict(state)
+        self._load_onto_device(PendingState(state=current, strict=False, load_optimizer=True))
 
     def _load_onto_device(self, pending: PendingState) -> None:
         device = self._device()

@@ -1,0 +1,174 @@
+"""The user's model and optimizer show the device's state: reads fetch it, loads reach it.
+
+On the device path the weights and optimizer state live on the device; the user's torch
+objects are the CPU copies. Legacy scripts read them anyway (``torch.save(model.state_dict(),
+...)`` in a step closure, ``model.fc.weight`` after the Session), so the wrapped objects keep
+them coherent:
+
+* **Reads.** Once the device has run a training step the CPU copies are *stale*. The next read
+  through the torch objects — an attribute that is a parameter, buffer or submodule
+  (``nn.Module.__getattr__``), ``state_dict()``, ``parameters()`` / ``named_parameters()`` /
+  ``buffers()`` (``_named_members``), the optimizer's ``state_dict()`` — first fetches the
+  device's state (``get_state()``, which waits for the steps sent so far) and copies it into
+  the CPU tensors in place. Reads in a step closure see the state after that closure's step;
+  reads mid-step see the state before it. Between steps nothing is fetched: reading costs one
+  fetch per step at most, and ``get_state()`` stays the fast path.
+* **Loads.** ``model.load_state_dict(...)`` and ``optimizer.load_state_dict(...)`` load the CPU
+  copies as torch does, then the device's copy (now when a program is loaded, else with the
+  program when it is).
+
+How: each module of the wrapped model gets a subclass of its own class (same name, module
+and qualified name; created once per class) that overrides those methods; the optimizer's
+``state_dict`` / ``load_state_dict`` become instance attributes. The driver's own use of the
+objects (compile, state translation) runs inside :meth:`StateView.internal` and never fetches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+import torch
+
+
+class StateSource(Protocol):
+    """What the view needs from the driver."""
+
+    def device_state(self) -> Mapping[str, Any] | None:
+        """The legacy state on the device (waits for sent steps), or None when nothing is loaded."""
+
+    def load_model_state(self, state: Mapping[str, Any], strict: bool) -> None:
+        """Load a model ``state_dict`` onto the device (if a program is loaded)."""
+
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
+        """Load an optimizer ``state_dict`` onto the device (if a program is loaded)."""
+
+
+_CLASSES: dict[type, type] = {}
+
+
+class StateView:
+    """Keeps one wrapped model and optimizer coherent with the device (see the module manual)."""
+
+    def __init__(self, source: StateSource) -> None:
+        self._source = source
+        self._internal = 0
+        self.stale = False
+        """The device has run steps since the CPU copies were last refreshed."""
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    @contextlib.contextmanager
+    def internal(self) -> Iterator[None]:
+        """The driver's own reads: never fetch."""
+        self._internal += 1
+        try:
+            yield
+        finally:
+            self._internal -= 1
+
+    def refresh(self) -> None:
+        """Fetch the device's state into the CPU copies if they are stale."""
+        if not self.stale or self._internal or self.model is None:
+            return
+        with self.internal():
+            state = self._source.device_state()
+            if state is None:
+                return
+            self.stale = False
+            own = dict(self.model.state_dict(keep_vars=True))
+            with torch.no_grad():
+                for name, value in state.get("model", {}).items():
+                    target = own.get(name)
+                    if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor) and target.shape == value.shape:
+                        target.copy_(value.to(target.dtype))
+
+    # -- the model ----------------------------------------------------------------------------
+
+    def attach_model(self, model: torch.nn.Module) -> None:
+        """Give every module of ``model`` the coherent subclass of its class."""
+        self.model = model
+        for module in model.modules():
+            module.__class__ = _coherent_class(type(module))
+            module.__dict__["_csrun_state_view"] = self
+
+    def model_loaded(self, state: Mapping[str, Any], strict: bool) -> None:
+        """``load_state_dict`` on the wrapped model: the device's copy follows."""
+        if not self._internal:
+            with self.internal():
+                self._source.load_model_state(state, strict)
+            self.stale = False
+
+    # -- the optimizer ------------------------------------------------------------------------
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.state_dict()`` shows the device's; ``load_state_dict`` reaches it."""
+        self.optimizer = optimizer
+        view = self
+        own_state_dict = optimizer.state_dict
+        own_load = optimizer.load_state_dict
+
+        def state_dict() -> dict[str, Any]:
+            if not view._internal:
+                with view.internal():
+                    state = view._source.device_state()
+                if state is not None and state.get("optimizer"):
+                    return dict(state["optimizer"])
+            return own_state_dict()
+
+        def load_state_dict(state: Mapping[str, Any]) -> None:
+            own_load(state)
+            if not view._internal:
+                with view.internal():
+                    view._source.load_optimizer_state(state)
+
+        optimizer.state_dict = state_dict  # type: ignore[method-assign]
+        optimizer.load_state_dict = load_state_dict  # type: ignore[method-assign]
+
+
+def _view_of(module: torch.nn.Module) -> StateView | None:
+    return module.__dict__.get("_csrun_state_view")
+
+
+def _coherent_class(cls: type) -> type:
+    """``cls`` with reads that refresh from the device first (cached per class)."""
+    if cls in _CLASSES.values():
+        return cls
+    made = _CLASSES.get(cls)
+    if made is not None:
+        return made
+    base_getattr: Callable[[Any, str], Any] = cls.__getattr__  # type: ignore[attr-defined]
+
+    def __getattr__(self: torch.nn.Module, name: str) -> Any:
+        view = self.__dict__.get("_csrun_state_view")
+        if view is not None and view.stale:
+            view.refresh()
+        return base_getattr(self, name)
+
+    def state_dict(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        view = _view_of(self)
+        if view is not None:
+            view.refresh()
+        return cls.state_dict(self, *args, **kwargs)
+
+    def _named_members(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        view = _view_of(self)
+        if view is not None:
+            view.refresh()
+        return cls._named_members(self, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def load_state_dict(self: torch.nn.Module, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> Any:
+        result = cls.load_state_dict(self, state_dict, strict=strict, assign=assign)
+        view = _view_of(self)
+        if view is not None and view.model is self:
+            view.model_loaded(state_dict, strict)
+        return result
+
+    made = type(cls.__name__, (cls,), {
+        "__getattr__": __getattr__, "state_dict": state_dict, "_named_members": _named_members,
+        "load_state_dict": load_state_dict, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+    })
+    _CLASSES[cls] = made
+    return made
