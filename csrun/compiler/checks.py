@@ -21,6 +21,7 @@ from csrun.compiler.errors import (
     LRSchedulerNotSupported, ShapeChanged, ShortLastBatch, TrainAndEvalNotSupported,
     WeightsNotFloat32,
 )
+from csrun.compiler.lr_schedulers import check_scheduler
 from csrun.compiler.locate import caller_location, is_user_file, location_of
 from csrun.compiler.optim import is_torch_builtin, legacy_type_of, unsupported_optimizer_error
 from csrun.compiler.settings import CompileSettings
@@ -65,15 +66,20 @@ def has_lr_scheduler(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def check_lr_schedulers(optimizer: torch.optim.Optimizer | None, schedulers: Sequence[Any] = ()) -> list[CompileError]:
-    """Torch lr_scheduler objects (passed in, or found attached to the optimizer) are refused."""
-    names = [type(s).__name__ for s in schedulers]
-    if optimizer is not None and not names and has_lr_scheduler(optimizer):
-        names = ["an lr_scheduler"]
-    if not names:
-        return []
-    return [LRSchedulerNotSupported(
-        f"torch lr_scheduler ({', '.join(names)}) attached to the optimizer: the system cannot change "
-        "a Python learning rate between steps", location=caller_location())]
+    """Torch lr_scheduler objects the caller passes are refused unless the device runs them
+    (:mod:`csrun.compiler.lr_schedulers`; the caller then compiles their schedule); one found
+    attached to the optimizer that the caller did not pass is refused."""
+    problems: list[CompileError] = []
+    for s in schedulers:
+        try:
+            check_scheduler(s)
+        except LRSchedulerNotSupported as exc:
+            problems.append(LRSchedulerNotSupported(exc.what, fix=exc.fix, location=caller_location()))
+    if optimizer is not None and not schedulers and has_lr_scheduler(optimizer):
+        problems.append(LRSchedulerNotSupported(
+            "a torch lr_scheduler is attached to the optimizer, but its schedule was not handed to the compile: "
+            "the system cannot change a Python learning rate between steps", location=caller_location()))
+    return problems
 
 
 class _RecordingState(dict):

@@ -38,6 +38,7 @@ import atexit
 import contextlib
 import os
 import time
+import types
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Literal, Mapping, NoReturn
 
@@ -55,6 +56,7 @@ from csrun.driver.closures import ClosureRunner, StepClosure
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
 from csrun.driver.step_recording import Recording, StepRecorder, StepValue
+from csrun.driver.schedulers import SchedulerWatch
 from csrun.driver.state_view import StateView
 from csrun.driver.steps import StepOrder
 from csrun.emulator.auth_token import client_token
@@ -161,6 +163,8 @@ class DeviceDriver:
         self._model_forward: Callable[..., Any] | None = None
         self.view = StateView(self)
         """Keeps the user's model and optimizer showing the device's state."""
+        self.schedulers: SchedulerWatch | None = None
+        """The torch LR schedulers built on the wrapped optimizer."""
         self._atexit = False
 
     # -- wrapping the user's objects ----------------------------------------------------------
@@ -183,15 +187,19 @@ class DeviceDriver:
         """``step()`` and ``zero_grad()`` become order checks (the device runs the optimizer)."""
         driver = self
 
-        def step(closure: Any = None) -> None:
+        def step(self: torch.optim.Optimizer, closure: Any = None) -> None:
+            self._opt_called = True  # type: ignore[attr-defined]  # what torch's schedulers look for
             driver.optimizer_step()
 
-        def zero_grad(set_to_none: bool = True) -> None:
+        def zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
             driver.order.zero_grad()
 
-        optimizer.step = step  # type: ignore[method-assign]
-        optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # schedulers must not wrap it again
+        # bound methods, as torch's schedulers expect (they read step.__func__)
+        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+        optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
         self.optimizer = optimizer
+        self.schedulers = SchedulerWatch(optimizer, self.order.scheduler_step)
         self.view.attach_optimizer(optimizer)
         return optimizer
 
@@ -292,6 +300,8 @@ class DeviceDriver:
         recording, values = step.recorder.end()
         if step.calls == 0:
             return  # a batch the loop did not use: nothing to run
+        if self.schedulers is not None and self.schedulers.schedulers:
+            self.order.check_scheduler_stepped()
         if self.options.path.compiles_only:
             self._compile_and_exit(step.batch, recording)
         if step.recorder.recording is None:
@@ -316,6 +326,12 @@ class DeviceDriver:
         settings = self.options.settings if self.options.settings is not None else CompileSettings()
         if settings.mode in ("train", "eval") and settings.mode != mode:
             settings = replace(settings, mode=mode)
+        scheduled = self.schedulers.learning_rate() if self.schedulers is not None and mode == "train" else None
+        if scheduled is not None:
+            if settings.learning_rate not in (None, 0.0):
+                raise DeviceUsageError("a torch LR scheduler and a learning_rate schedule in the compile settings: "
+                                       "give one of them")
+            settings = replace(settings, learning_rate=scheduled)
         if mode == "train" and self.optimizer is not None and self.model is not None:
             try:
                 settings = settings_with_optimizer(settings, self.optimizer, self.model)
@@ -333,14 +349,18 @@ class DeviceDriver:
         with self.view.internal(), self._user_objects(recording):
             if validate:
                 result = validate_step(self.model, batch, settings=self.settings_for(mode), optimizer=optimizer,
-                                       dataloader=loader, console=console)
+                                       dataloader=loader, console=console, lr_schedulers=self._scheduler_list())
             else:
                 result = compile_only(self.model, batch, settings=self.settings_for(mode),
                                       model_dir=self.options.model_dir, compile_dir=self.options.compile_dir,
                                       optimizer=optimizer, dataloader=loader, console=console,
+                                      lr_schedulers=self._scheduler_list(),
                                       step_key=recording.signature())
         self.compile_info = from_result(result, mode)
         return result
+
+    def _scheduler_list(self) -> list[Any]:
+        return list(self.schedulers.schedulers) if self.schedulers is not None else []
 
     def _compile_and_exit(self, batch: Any, recording: Recording) -> NoReturn:
         result = self.compile(batch, self.mode, recording, validate=self.options.path.kind == "validate_only")

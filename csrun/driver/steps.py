@@ -40,6 +40,8 @@ class StepOrder:
         self.mode: Literal["train", "eval"] = "train"
         self.step_number = 0
         """Number of the device step the last forward submitted."""
+        self.scheduler_stepped = False
+        """``lr_scheduler.step()`` was called in this step."""
 
     def _fail(self, what: str) -> None:
         raise StepOrderError(f"{what}: {ORDER}")
@@ -49,6 +51,7 @@ class StepOrder:
         self.check_forward()
         self.phase = "forward"
         self.step_number = step_number
+        self.scheduler_stepped = False
 
     def check_forward(self) -> None:
         """Raise if a new forward would be out of order (checked before the batch is sent)."""
@@ -72,6 +75,26 @@ class StepOrder:
             self._fail("optimizer.step() was called before loss.backward()" if self.phase == "forward"
                        else "optimizer.step() was called without model(batch) and loss.backward() before it")
         self.phase = "stepped"
+
+    def scheduler_step(self) -> None:
+        """``lr_scheduler.step()``: once per training step, after ``optimizer.step()`` (the device
+        computes the learning rate from the global step, so the schedule advances with every step)."""
+        if self.mode != "train":
+            raise StepOrderError("lr_scheduler.step() in an eval Session: eval steps run the forward only")
+        if self.phase != "stepped":
+            self._fail("lr_scheduler.step() was called before optimizer.step(); call it after optimizer.step(), "
+                       "once every step")
+        if self.scheduler_stepped:
+            self._fail("lr_scheduler.step() was called twice in one step; the device advances the schedule once "
+                       "per step")
+        self.scheduler_stepped = True
+
+    def check_scheduler_stepped(self) -> None:
+        """At a training step's boundary, with a scheduler: it must have been stepped (every step)."""
+        if self.mode == "train" and self.phase == "stepped" and not self.scheduler_stepped:
+            raise StepOrderError("the step ended without lr_scheduler.step(): the device advances the learning "
+                                 "rate every step; call scheduler.step() after optimizer.step() in every step "
+                                 "(a schedule per epoch: give it in steps)")
 
     def zero_grad(self) -> None:
         """``optimizer.zero_grad()``: not between backward and step (it would drop the gradients)."""

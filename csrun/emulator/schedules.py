@@ -214,6 +214,22 @@ class Sequential:
         return self.schedules[i](step - self.starts[i])
 
 
+@dataclass(frozen=True, kw_only=True)
+class Chained:
+    """Schedules applied together, each as a factor of the base (torch's ``ChainedScheduler`` of
+    multiplicative schedulers): ``lr = learning_rate * prod(s(step) / learning_rate)``.
+    Keys: learning_rate (the base every child starts from), schedulers (a list of mappings)."""
+
+    learning_rate: float
+    schedules: tuple[Schedule, ...]
+
+    def __call__(self, step: int) -> float:
+        lr = self.learning_rate
+        for s in self.schedules:
+            lr *= s(step) / self.learning_rate
+        return lr
+
+
 _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # name: (required keys, optional keys) after aliasing
     "constant": (("learning_rate",), ("steps",)),
@@ -229,11 +245,12 @@ _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cosineannealing": (("learning_rate", "t_max"), ("eta_min", "steps")),
     "step": (("learning_rate", "step_size", "gamma"), ("steps",)),
     "multistep": (("learning_rate", "gamma", "milestones"), ("steps",)),
+    "chained": (("learning_rate", "schedulers"), ("steps",)),
 }
 
 SCHEDULERS = (
     "Constant", "Exponential", "PiecewiseConstant", "Polynomial", "Linear",
-    "InverseExponentialTimeDecay", "CosineDecay", "CosineAnnealing", "Step", "MultiStep",
+    "InverseExponentialTimeDecay", "CosineDecay", "CosineAnnealing", "Step", "MultiStep", "Chained",
 )
 """The scheduler names the legacy ``learning_rate: {scheduler: ...}`` accepted."""
 
@@ -350,6 +367,14 @@ def _one(entry: Mapping[str, Any]) -> tuple[Schedule, int | None]:
             t_max=_int(p, "t_max", w),
             eta_min=_num({"e": p.get("eta_min", 0.0)}, "e", w),
         )
+    elif name == "chained":
+        children = p["schedulers"]
+        if not isinstance(children, (list, tuple)) or not children:
+            raise SpecError(f"learning_rate: {w} schedulers must be a non-empty list of scheduler mappings")
+        base = _num(p, "learning_rate", w)
+        if base == 0.0:
+            raise SpecError(f"learning_rate: {w} learning_rate (the base) must not be 0")
+        sched = Chained(learning_rate=base, schedules=tuple(_one(c)[0] for c in children))
     elif name == "step":
         sched = Step(
             initial_learning_rate=_num(p, "learning_rate", w),
