@@ -294,7 +294,8 @@ class DeviceDriver:
                                         on_backward=self.order.backward)
 
     def _dispatch(self) -> None:
-        """End the open step: compile its recording (the mode's first step), send the batch."""
+        """End the open step: compile its recording (the mode's first step), send its inputs (the
+        host values the device takes, in the order the step handed them over)."""
         step, self.open_step = self.open_step, None
         assert step is not None  # noqa: S101 - callers check
         recording, values = step.recorder.end()
@@ -302,14 +303,15 @@ class DeviceDriver:
             return  # a batch the loop did not use: nothing to run
         if self.schedulers is not None and self.schedulers.schedulers:
             self.order.check_scheduler_stepped()
+        inputs = values.inputs
         if self.options.path.compiles_only:
-            self._compile_and_exit(step.batch, recording)
+            self._compile_and_exit(inputs, recording)
         if step.recorder.recording is None:
             step.recorder.compiled(recording)
         loaded = self.loaded
         if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature():
-            self._compile_and_load(step.batch, step.mode, recording)
-        handle = self._device().submit(step.batch)
+            self._compile_and_load(inputs, step.mode, recording)
+        handle = self._device().submit(inputs)
         values.outputs = handle.result
         if step.mode == "train":
             self.view.stale = True

@@ -102,6 +102,14 @@ class Ref:
 
 
 @dataclass(frozen=True)
+class Slot:
+    """A host value the device consumes: the program's input number ``index`` (in the order the
+    step first hands host values to the device)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
 class Const:
     """A tensor that is not a step value (a constant of the step, e.g. a class-weight tensor)."""
 
@@ -122,8 +130,11 @@ _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.
 
 
 def _template(x: Any) -> Any:
-    """``x`` with step values -> :class:`Ref` and other tensors -> :class:`Const`."""
+    """``x`` with device values -> :class:`Ref`, host values -> :class:`Slot` (consumed), other
+    tensors -> :class:`Const`."""
     if isinstance(x, StepValue):
+        if x._host:
+            return Slot(x._recorder._consume(x))
         return Ref(x._ref)
     if isinstance(x, torch.Tensor):
         return Const(x)
@@ -143,6 +154,8 @@ def _template(x: Any) -> Any:
 def _matches(t: Any, x: Any) -> bool:
     """A live argument ``x`` matches the compiled template ``t`` (the per-step check, kept lean)."""
     if isinstance(x, StepValue):
+        if x._host:
+            return type(t) is Slot and t.index == x._recorder._consume(x)
         return type(t) is Ref and t.index == x._ref
     if isinstance(x, torch.Tensor):
         return type(t) is Const and t.same_as(Const(x))
@@ -178,20 +191,23 @@ def _first_step_value(x: Any) -> "StepValue | None":
     return None
 
 
-def _fill(t: Any, env: Callable[[int], Any]) -> Any:
-    """A template with each :class:`Ref` replaced by ``env(index)`` and constants by their tensors."""
+def _fill(t: Any, env: Callable[[int], Any], slots: Sequence[Any] = ()) -> Any:
+    """A template with each :class:`Ref` replaced by ``env(index)``, each :class:`Slot` by its
+    input and constants by their tensors."""
     if isinstance(t, Ref):
         return env(t.index)
+    if isinstance(t, Slot):
+        return slots[t.index]
     if isinstance(t, Const):
         return t.tensor
     if isinstance(t, tuple) and hasattr(t, "_fields"):
-        return type(t)(*(_fill(v, env) for v in t))
+        return type(t)(*(_fill(v, env, slots) for v in t))
     if isinstance(t, (list, tuple)):
-        return type(t)(_fill(v, env) for v in t)
+        return type(t)(_fill(v, env, slots) for v in t)
     if isinstance(t, dict):
-        return {k: _fill(v, env) for k, v in t.items()}
+        return {k: _fill(v, env, slots) for k, v in t.items()}
     if isinstance(t, slice):
-        return slice(_fill(t.start, env), _fill(t.stop, env), _fill(t.step, env))
+        return slice(_fill(t.start, env, slots), _fill(t.stop, env, slots), _fill(t.step, env, slots))
     return t
 
 
@@ -207,9 +223,24 @@ def _constants(t: Any) -> Iterator[Const]:
             yield from _constants(v)
 
 
+def _sketch(x: Any) -> Any:
+    """Live arguments as a template for messages only (consumes nothing)."""
+    if isinstance(x, StepValue):
+        return Slot(x._slot if x._slot is not None else -1) if x._host else Ref(x._ref)
+    if isinstance(x, torch.Tensor):
+        return Const(x)
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        return type(x)(_sketch(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _sketch(v) for k, v in x.items()}
+    return x
+
+
 def _describe(t: Any) -> str:
     if isinstance(t, Ref):
         return f"v{t.index}"
+    if isinstance(t, Slot):
+        return f"input{t.index}" if t.index >= 0 else "a batch value"
     if isinstance(t, Const):
         return f"tensor{tuple(t.tensor.shape)}"
     if isinstance(t, (list, tuple)):
@@ -305,9 +336,9 @@ class Entry:
 class Recording:
     """A whole step: the batch's structure, its calls and operations, the loss and the kept values."""
 
-    batch_meta: tuple[tuple[torch.Size, torch.dtype], ...]
-    batch_spec: pytree.TreeSpec
     entries: list[Entry] = field(default_factory=list)
+    inputs: list[tuple[torch.Size, torch.dtype]] = field(default_factory=list)
+    """Shape and dtype of each program input (the host values the device consumes, in order)."""
     loss: int | None = None
     """The value ``backward()`` was called on (None in an eval step)."""
     kept: tuple[int, ...] = ()
@@ -320,7 +351,7 @@ class Recording:
         which program runs it (computed once)."""
         if self._signature is not None:
             return self._signature
-        lines = [f"batch {_describe_meta(self.batch_meta)}"]
+        lines = [f"inputs {_describe_meta(tuple(self.inputs))}"]
         for e in self.entries:
             name = "model" if e.func is None else f"{getattr(e.func, '__module__', '')}.{getattr(e.func, '__qualname__', repr(e.func))}"
             lines.append(f"{name}{_describe(tuple(e.args))}{_describe(e.kwargs)} -> {list(e.results)}")
@@ -344,18 +375,20 @@ class Recording:
         return names
 
     def replay_forward(self, call_model: Callable[..., Any]) -> Callable[[Any], dict[str, torch.Tensor]]:
-        """``forward(batch)`` replaying the step: ``call_model(*args, **kwargs)`` runs the model's own forward."""
+        """``forward(inputs)`` replaying the step's device part on its inputs (a tuple):
+        ``call_model(*args, **kwargs)`` runs the model's own forward."""
         entries = list(self.entries)
         names = self.output_names
-        n_batch = len(self.batch_meta)
+        n_inputs = len(self.inputs)
 
-        def forward(batch: Any) -> dict[str, torch.Tensor]:
-            env: dict[int, Any] = dict(enumerate(pytree.tree_leaves(batch)))
-            if len(env) != n_batch:
-                raise StepValueError(f"the batch has {len(env)} tensors; the recorded step had {n_batch}")
+        def forward(inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+            slots = list(inputs)
+            if len(slots) != n_inputs:
+                raise StepValueError(f"the step has {len(slots)} inputs; the recorded step had {n_inputs}")
+            env: dict[int, Any] = {}
             for e in entries:
-                args = _fill(e.args, env.__getitem__)
-                kwargs = _fill(e.kwargs, env.__getitem__)
+                args = _fill(e.args, env.__getitem__, slots)
+                kwargs = _fill(e.kwargs, env.__getitem__, slots)
                 out = call_model(*args, **kwargs) if e.func is None else e.func(*args, **kwargs)
                 leaves, _ = flatten_output(out)
                 env.update(zip(e.results, leaves))
@@ -443,15 +476,19 @@ class StepValue(torch.Tensor):
     _ref: int
     _step: "StepState"
     _value: torch.Tensor | None
+    _host: bool
+    _slot: int | None
 
     @staticmethod
     def __new__(cls, recorder: "StepRecorder", step: "StepState", ref: int, shape: torch.Size,
-                dtype: torch.dtype, value: torch.Tensor | None = None) -> "StepValue":
+                dtype: torch.dtype, value: torch.Tensor | None = None, *, host: bool = False) -> "StepValue":
         out = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu", requires_grad=False)
         out._recorder = recorder
         out._step = step
         out._ref = ref
         out._value = value
+        out._host = host
+        out._slot = None
         return out
 
     @classmethod
@@ -481,9 +518,9 @@ class StepState:
     """One step's values: open (recording or checking) until the boundary, then closed."""
 
     number: int
-    n_batch: int
-    """Values 0..n_batch-1 are the batch's tensors (their values are here, on the chief)."""
     open: bool = True
+    inputs: tuple[torch.Tensor, ...] = ()
+    """After the boundary: the program's inputs (what is sent to the device)."""
     recording: "Recording | None" = None
     """After the boundary: the step's recording (which value is which output)."""
     outputs: Callable[[], dict[str, torch.Tensor]] | None = None
@@ -520,52 +557,75 @@ class StepRecorder:
         return self._step is not None and self._step.open
 
     def begin(self, batch: Any, number: int) -> Any:
-        """Start step ``number``: the batch with its tensors as step values."""
+        """Start step ``number``: the batch with its tensors as host step values."""
         if self.step_open:
             raise StepValueError("a new step began before the previous one ended (csrun bug)")
-        leaves, spec = pytree.tree_flatten(batch)
-        meta = tuple((t.shape, t.dtype) for t in leaves)
-        self._step = StepState(number=number, n_batch=len(leaves))
+        self._step = StepState(number=number)
         self._pos = 0
+        self._n = 0
         self._live = []
-        if self.recording is None:
-            self._draft = Recording(batch_meta=meta, batch_spec=spec)
-        else:
-            self._draft = None
-            if meta != self.recording.batch_meta or spec != self.recording.batch_spec:
-                raise StepChanged("the batch's structure or shapes changed", compiled=_describe_meta(self.recording.batch_meta),
-                                  location=caller_location())
-        values = [StepValue(self, self._step, i, t.shape, t.dtype, t) for i, t in enumerate(leaves)]
-        self._n = len(values)
-        for v in values:
-            self._live.append(weakref.ref(v))
-        return pytree.tree_unflatten(values, spec)
+        self._slots: list[StepValue] = []
+        self._draft = Recording() if self.recording is None else None
+        step = self._step
+
+        def host(leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor) and not isinstance(leaf, StepValue):
+                return StepValue(self, step, -1, leaf.shape, leaf.dtype, leaf, host=True)
+            return leaf
+
+        return pytree.tree_map(host, batch)
 
     def end(self) -> tuple[Recording, StepState]:
-        """The step's boundary: its recording (step 1: complete, with the kept values) and its state."""
+        """The step's boundary: its recording (step 1: complete, with the kept values) and its
+        state (with the inputs to send)."""
         step = self._step
         if step is None or not step.open:
             raise StepValueError("no step is open (csrun bug)")
         if self._draft is not None:
             draft = self._draft
-            n_batch = len(draft.batch_meta)
             produced = {i for e in draft.entries for i in e.results}
-            alive = {v._ref for v in (w() for w in self._live) if v is not None}
+            alive = {v._ref for v in (w() for w in self._live) if v is not None and not v._host}
             model_outputs = {i for e in draft.entries if e.func is None for i in e.results}
             if draft.loss is None:  # an eval step: the program's "loss" is the step's own, if it has one
                 draft.loss = _eval_loss(draft)
-            kept = sorted((alive | model_outputs) & produced - ({draft.loss} if draft.loss is not None else set()))
-            draft.kept = tuple(i for i in kept if i >= n_batch)
+            draft.kept = tuple(sorted((alive | model_outputs) & produced - ({draft.loss} if draft.loss is not None else set())))
             recording = draft
         else:
             recording = self.recording  # type: ignore[assignment]
             if self._pos != len(recording.entries):
                 missing = recording.entries[self._pos]
                 raise StepChanged("the step ended early", compiled=f"then {missing.describe()}", location=caller_location())
+            if len(self._slots) != len(recording.inputs):
+                raise StepChanged(f"the device took {len(self._slots)} inputs from the batch",
+                                  compiled=f"{len(recording.inputs)} inputs", location=caller_location())
+        step.inputs = tuple(v._value for v in self._slots)  # type: ignore[misc]
         step.open = False
         step.recording = recording
         self._live = []
+        self._slots = []
         return recording, step
+
+    def _consume(self, value: StepValue) -> int:
+        """A host value handed to the device: its input number (the next one if new), checked
+        against the compiled step's input shapes."""
+        if value._slot is not None and value._step is self._step:
+            return value._slot
+        index = len(self._slots)
+        shape, dtype = value.shape, value.dtype
+        if self._draft is not None:
+            self._draft.inputs.append((shape, dtype))
+        elif self.recording is not None:
+            if index >= len(self.recording.inputs):
+                raise StepChanged(f"an extra input {tuple(shape)} {dtype} from the batch", compiled="no more inputs",
+                                  location=caller_location())
+            want = self.recording.inputs[index]
+            if (shape, dtype) != want:
+                raise StepChanged(f"an input of shape {tuple(shape)} {str(dtype).removeprefix('torch.')} (the batch's "
+                                  "shapes changed: sizes must be static)", compiled=_describe_meta((want,)),
+                                  location=caller_location())
+        value._slot = index
+        self._slots.append(value)
+        return index
 
     def compiled(self, recording: Recording) -> None:
         """Step 1's recording was compiled: later steps are checked against it."""
@@ -599,12 +659,16 @@ class StepRecorder:
         """A torch function or tensor method applied to step values (``StepValue.__torch_function__``)."""
         step = first._step
         if not step.open:
+            if _all_host((args, kwargs)):  # the batch's values are the chief's: readable anywhere
+                return self._closed_host(func, args, kwargs)
             return self._closed(step, func, name, args, kwargs)
         if step is not self._step:
             raise StepValueError(f"a value of step {step.number} was used in step {self._step.number if self._step else '?'}; "
                                  "values of a step are read in its step closures")
         if name == "backward":
             return self._backward(first)
+        if _all_host((args, kwargs)):
+            return self._on_host(func, args, kwargs)
         if name in _READS:
             raise DeviceTensorReadError(f"cannot {_READS[name]} a device tensor here: {READ_HINT}")
         if name in _DEVICE_MOVES and _is_device_move(args, kwargs):
@@ -622,6 +686,21 @@ class StepRecorder:
         return result
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _on_host(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Operations on the batch alone run here, on the chief, every step (not recorded): their
+        tensor results stay host values, so the device takes them as inputs where it needs them."""
+        step = self._step
+        assert step is not None  # noqa: S101 - the step is open
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*_values(args), **_values(kwargs))
+
+        def wrap(t: Any) -> Any:
+            if isinstance(t, torch.Tensor) and not isinstance(t, StepValue):
+                return StepValue(self, step, -1, t.shape, t.dtype, t, host=True)
+            return t
+
+        return pytree.tree_map(wrap, out) if isinstance(out, (torch.Tensor, tuple, list)) else out
 
     def _require_open(self, what: str) -> None:
         if not self.step_open:
@@ -672,9 +751,9 @@ class StepRecorder:
                               location=caller_location())
         entry = recording.entries[self._pos]
         if entry.func is not func or not _matches(entry.args, args) or not _matches(entry.kwargs, kwargs):
-            now = Entry(func=func, args=_template(args), kwargs=_template(kwargs), results=(), result_meta=(),
-                        rebuild=entry.rebuild, location=None)
-            raise StepChanged(f"{now.describe()}", compiled=entry.describe(), location=caller_location())
+            name = "model" if func is None else getattr(func, "__name__", repr(func))
+            raise StepChanged(f"{name}{_describe(_sketch(tuple(args)))}", compiled=entry.describe(),
+                              location=caller_location())
         self._pos += 1
         wrapped = []
         for ref, (shape, dtype) in zip(entry.results, entry.result_meta):
@@ -692,10 +771,14 @@ class StepRecorder:
         with torch._C.DisableTorchFunctionSubclass():
             return func(*real[0], **real[1])
 
+    def _closed_host(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*_values(args), **_values(kwargs))
+
     def _value_of(self, value: StepValue) -> torch.Tensor:
         step = value._step
-        if value._ref < step.n_batch and value._value is not None:
-            return value._value
+        if value._host:
+            return value._value  # type: ignore[return-value]
         if step.outputs is None or step.recording is None:
             raise DeviceTensorReadError(f"step {step.number} has not been sent to the device yet: {READ_HINT}")
         name = step.recording.output_names.get(value._ref)
@@ -722,6 +805,17 @@ def _eval_loss(recording: Recording) -> int | None:
                 return names
     last = [i for e in recording.entries for i in e.results if i in scalars]
     return last[-1] if last else None
+
+
+def _all_host(x: Any) -> bool:
+    """Whether every step value among (nested) arguments is a host value."""
+    if isinstance(x, StepValue):
+        return x._host
+    if isinstance(x, (list, tuple)):
+        return all(_all_host(v) for v in x)
+    if isinstance(x, dict):
+        return all(_all_host(v) for v in x.values())
+    return True
 
 
 def _describe_meta(meta: tuple[tuple[torch.Size, torch.dtype], ...]) -> str:

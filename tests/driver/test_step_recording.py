@@ -61,14 +61,14 @@ def _call(recorder: StepRecorder, model: nn.Module) -> Callable[..., Any]:
     return call
 
 
-def _export_and_run(model: nn.Module, recorder_recording: Any, batch: Any) -> dict[str, torch.Tensor]:
+def _export_and_run(model: nn.Module, recorder_recording: Any, inputs: Any) -> dict[str, torch.Tensor]:
     forward = type(model).forward
     model.forward = recorder_recording.replay_forward(lambda *a, **k: forward(model, *a, **k))  # type: ignore[method-assign]
     try:
-        program = torch.export.export(model, (batch,), strict=False)
+        program = torch.export.export(model, (inputs,), strict=False)
     finally:
         del model.forward
-    return program.module()(batch)
+    return program.module()(inputs)
 
 
 def _typical_step(call: Callable[..., Any], batch: Any) -> tuple[Any, Any, Any]:
@@ -91,11 +91,11 @@ def test_the_typical_loop_replays_to_the_eager_loss_and_gradients() -> None:
     batch = _batch()
     loss, acc, outputs = _typical_step(_call(recorder, model), recorder.begin(batch, 1))
     assert isinstance(loss, StepValue) and loss.shape == () and outputs.shape == (16, 3)
-    recording, _ = recorder.end()
+    recording, state = recorder.end()
     assert recording.output_names[recording.loss] == "loss"
     assert {"loss", f"v{outputs._ref}", f"v{acc._ref}"} <= set(recording.output_names.values())
 
-    out = _export_and_run(model, recording, batch)
+    out = _export_and_run(model, recording, state.inputs)
     eager_model = MLP()
     eager = nn.CrossEntropyLoss()(eager_model(batch[0]), batch[1])
     eager.backward()
@@ -127,8 +127,8 @@ def test_keyword_calls_and_a_dataclass_output() -> None:
     out = _call(recorder, model)(**step)
     assert isinstance(out, Output) and isinstance(out.loss, StepValue) and out.logits.shape == (4, 6, 20)
     out.loss.backward()
-    recording, _ = recorder.end()
-    replayed = _export_and_run(model, recording, batch)
+    recording, state = recorder.end()
+    replayed = _export_and_run(model, recording, state.inputs)
     eager = KeywordModel()(**batch)
     assert torch.equal(replayed["loss"].detach(), eager.loss.detach())
 
@@ -153,9 +153,9 @@ def test_two_outputs_combined_and_a_model_called_twice() -> None:
     logits2, _ = call(x * 2)
     loss = F.cross_entropy(logits, y) + 0.5 * score.pow(2).mean() + 0.1 * F.cross_entropy(logits2, y)
     loss.backward()
-    recording, _ = recorder.end()
+    recording, state = recorder.end()
     assert sum(1 for e in recording.entries if e.func is None) == 2
-    replayed = _export_and_run(model, recording, batch)
+    replayed = _export_and_run(model, recording, state.inputs)
     a, s = TwoHeads()(batch[0])
     a2, _ = TwoHeads()(batch[0] * 2)
     eager = F.cross_entropy(a, batch[1]) + 0.5 * s.pow(2).mean() + 0.1 * F.cross_entropy(a2, batch[1])
@@ -215,7 +215,7 @@ def test_a_changed_batch_shape_is_refused() -> None:
     _typical_step(_call(recorder, model), recorder.begin(_batch(), 1))
     recorder.compiled(recorder.end()[0])
     with pytest.raises(StepChanged, match="shapes changed"):
-        recorder.begin((torch.randn(8, 10), torch.zeros(8, dtype=torch.long)), 2)
+        _typical_step(_call(recorder, model), recorder.begin((torch.randn(8, 10), torch.zeros(8, dtype=torch.long)), 2))
 
 
 @pytest.mark.parametrize("read", [
@@ -240,7 +240,7 @@ def test_after_the_step_values_are_read_only_in_closures(which: str, use: Callab
     batch = _batch()
     loss, _, outputs = _typical_step(_call(recorder, model), recorder.begin(batch, 1))
     recording, state = recorder.end()
-    results = _export_and_run(model, recording, batch)
+    results = _export_and_run(model, recording, state.inputs)
     state.outputs = lambda: {k: v.detach() for k, v in results.items()}
     value = outputs if which == "outputs" else loss
     with pytest.raises(DeviceTensorReadError, match="step closure"):
@@ -263,7 +263,7 @@ def test_a_value_the_step_did_not_keep_names_its_line() -> None:
     loss = F.cross_entropy(outputs, y)
     loss.backward()
     recording, state = recorder.end()
-    results = _export_and_run(model, recording, batch)
+    results = _export_and_run(model, recording, state.inputs)
     state.outputs = lambda: results
     recorder.compiled(recording)
     x, y = recorder.begin(_batch(1), 2)
