@@ -2,7 +2,7 @@
 
 Users write a step the typical way, and csrun captures all of it, as the system traced it::
 
-    inputs, targets = batch                    # the batch's tensors are step values
+    inputs, targets = batch                    # the batch's tensors (host values)
     outputs = model(inputs)                    # any number of calls, positional or keyword
     loss = loss_fn(outputs, targets)           # loss modules, functional ops, dict/dataclass outputs
     loss.backward(); optimizer.step()
@@ -11,40 +11,49 @@ Users write a step the typical way, and csrun captures all of it, as the system 
 
 How it works
 ------------
-On the device path the batch the Session hands out, the wrapped model's outputs and every
-tensor computed from them are :class:`StepValue` s: tensors whose shape and dtype are known
-but whose value lives on the device. ``__torch_function__`` sees every torch function or
-tensor method applied to a step value and records it; the wrapped model's calls are
-recorded as calls. ``loss.backward()`` names the loss. The step ends at its boundary (the
-next batch, ``mark_step()``, the end of the Session); the :class:`StepRecorder` then holds a
-:class:`Recording`:
+On the device path every tensor of the step is a :class:`StepValue`, a tensor subclass whose
+``__torch_function__`` sees each torch function or tensor method applied to it. There are two
+kinds:
 
-* **Step 1 records.** Each recorded call also runs eagerly on the CPU copies (no autograd,
-  buffers and the RNG restored afterwards), only to learn the shapes, dtypes and output
-  structures the user's code sees. :meth:`Recording.replay_forward` turns the recording
-  into ``forward(batch) -> {"loss": ..., "v<i>": ...}``: the model's own forward for each
-  call, then the recorded operations, which is what ``torch.export`` captures and the
-  compiler compiles. ``model(batch)`` returning the loss is the special case of one call
-  and no operation.
-* **Later steps check.** Nothing runs on the CPU: each call and operation is compared with
-  the compiled recording at the same position (function, argument structure, constants,
-  shapes) and answered with new step values of the cached shapes. The cost per step is a
-  few microseconds per recorded operation.
+* **Host values**: the batch's tensors as the Session hands them out, and anything computed
+  from them alone. Their values are the chief's: such operations run eagerly here, every step,
+  and are not recorded; the values can be read anywhere (printing a batch, checking it).
+* **Device values**: the wrapped model's outputs and everything computed from them. Their
+  values exist on the device once the step has run.
+
+When a host value reaches the device (an argument of a model call, or of an operation on a
+device value) it becomes one of the program's **inputs**, numbered in the order the step hands
+them over. The step ends at its boundary (the next batch, ``mark_step()``, the end of the
+Session); ``loss.backward()`` names the loss. The :class:`StepRecorder` then holds a
+:class:`Recording` of the device part:
+
+* **Step 1 records.** Each model call and device operation also runs eagerly on the CPU copies
+  (no autograd; buffers and the RNG restored afterwards), only to learn the shapes, dtypes and
+  output structures the user's code sees. :meth:`Recording.replay_forward` turns the recording
+  into ``forward(inputs) -> {"loss": ..., "v<i>": ...}``: the model's own forward for each call,
+  then the recorded operations, which is what ``torch.export`` captures and the compiler
+  compiles. ``model(batch)`` returning the loss is the special case of one call and no
+  operation.
+* **Later steps check.** Nothing of the device part runs on the CPU: each call and operation
+  is compared with the compiled one at the same position (function, argument structure,
+  constants, input shapes) and answered with new step values of the cached shapes, a few
+  microseconds per operation (``bench/emulator/step_capture.py``).
 * **A different step is refused.** A call or operation that differs from the compiled one
   (another branch taken, another loss, another shape), a missing or extra one, raises
   :class:`StepChanged` naming the user's file and line and what was compiled there. The
-  system ran one compiled step per Session and refused a different one; so does csrun
-  (start a new Session, e.g. per mode, to compile another step).
+  system ran one compiled step per Session and refused a different one; so does csrun (each
+  Session records its first step anew, so a new Session may run another step).
 
 Values of the step
 ------------------
-The program's outputs are the loss and every step value the user still holds when the
-step ends on step 1 (model outputs, metrics passed to closures). After the boundary a step
-value reads its value from the device **inside a step closure** (as an argument, or
-captured by the closure); anywhere else every operation on it (``item``, ``float()``,
-printing, comparison, indexing, ``cpu``, ``detach`` ...) raises the system's hint
-(:data:`csrun.emulator.errors.READ_HINT`). A value the compiled step did not keep raises
-:class:`ValueNotKept` naming the line that made it.
+The program's outputs are the loss and every device value the user still holds when step 1
+ends (model outputs, metrics passed to closures). After the boundary a device value reads its
+value from the device **inside a step closure** (as an argument, or captured by the closure);
+anywhere else every operation on it (``item``, ``float()``, printing, comparison, indexing,
+``cpu``, ``detach`` ...) raises the system's hint (:data:`csrun.emulator.errors.READ_HINT`), and so
+does a read while the step is open. A value the compiled step did not keep raises
+:class:`ValueNotKept` naming the line that made it. ``.to(device)`` on a value of the open step
+is the identity (it is on the system already).
 """
 
 from __future__ import annotations
