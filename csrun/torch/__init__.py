@@ -6,20 +6,23 @@ and under Slurm (``srun --mpi=pmi2``): rank 0 is the chief, every other rank a s
     import csrun.torch as cbtorch
 
     cbtorch.initialize(cs_ip=args.cs_ip)          # the path: see the table below
-    model = cbtorch.module(MyModel())             # forward(batch) returns the loss
+    model = cbtorch.module(MyModel())             # any forward: logits, a dict, a ModelOutput
     opt = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=100)   # optional; runs on the device
     loader = cbtorch.dataloader(torch.utils.data.DataLoader(ds, batch_size=64, drop_last=True))
+    loss_fn = torch.nn.CrossEntropyLoss()
 
     @cbtorch.step_closure
     def log(loss):
         cbtorch.master_print(cbtorch.global_step(), float(loss))
 
     with cbtorch.Session(loader, mode="train"):   # streamers stream here and exit 0
-        for batch in loader:                        # chief: batches from the streamers
+        for inputs, targets in loader:              # chief: batches from the streamers
             opt.zero_grad()
-            loss = model(batch)
+            loss = loss_fn(model(inputs), targets)  # or model(batch) returning the loss
             loss.backward()
             opt.step()
+            sched.step()
             log(loss)                               # runs at the end of this step
     state = cbtorch.get_state()                     # {"model", "optimizer", "amp", "global_step"}
 
@@ -29,8 +32,8 @@ queue_depth=2)``; the one decision is :func:`csrun.driver.run_path.decide`, addr
 parsed by :func:`csrun.address.parse_address`):
 
 =============================================================  ==================================
-``compile_only=True`` / ``validate_only=True``                 compile/validate at the first
-                                                               ``model(batch)``, print the legacy
+``compile_only=True`` / ``validate_only=True``                 compile/validate at the end of
+                                                               the first step, print the legacy
                                                                messages, stop the streamers,
                                                                ``SystemExit(0 or 1)``
 ``cs_ip="embedded"``                                           EmbeddedDevice in this process
@@ -40,14 +43,25 @@ parsed by :func:`csrun.address.parse_address`):
 otherwise (``csrun_cpu``, plain ``python``)                    eager PyTorch on the CPU
 =============================================================  ==================================
 
-On the device the model's ``forward(batch)`` must return the loss (or a dict with a
-``"loss"`` key): the first ``model(batch)`` in the Session captures and compiles it
-(:mod:`csrun.driver.driver`, reached through :mod:`csrun.torch.device_backend`); later calls
-only send the batch and return device-tensor
-handles, read in step closures. ``loss.backward()``, ``optimizer.step()`` and
-``optimizer.zero_grad()`` are checked for order and otherwise do nothing there: the device
-runs backward, the optimizer, the learning-rate schedule, clipping and loss scaling itself.
-On the CPU with ``settings`` the same schedule and clipping apply to the torch optimizer.
+On the device the **whole step** is captured, as the system traced it: everything the step
+computes from the batch up to its boundary (the next batch) — any number of model calls with
+any positional or keyword arguments, a loss computed outside the model, metrics after
+``optimizer.step()`` — is recorded in the Session's first step and compiled as one program;
+later steps are checked against it for a few microseconds per operation, and a step that
+differs (another branch, another loss, another shape) is refused naming its file and line
+(the design: :mod:`csrun.driver.step_recording`; the driver: :mod:`csrun.driver.driver`,
+reached through :mod:`csrun.torch.device_backend`). The batch's own values stay readable on
+the chief; the model's outputs and what is computed from them are device values, read in
+step closures (anywhere else they raise the system's hint). ``loss.backward()``,
+``optimizer.step()``, ``optimizer.zero_grad()`` and ``lr_scheduler.step()`` are checked for
+order and otherwise do nothing there: the device runs backward, the optimizer, the
+learning-rate schedule (torch's StepLR, MultiStepLR, ExponentialLR, LinearLR, ConstantLR,
+CosineAnnealingLR, PolynomialLR, SequentialLR and ChainedScheduler become the device's,
+:mod:`csrun.driver.schedulers`; others are refused when built), clipping and loss scaling
+itself. The wrapped model's parameters and ``state_dict()`` and the optimizer's
+``state_dict()`` show the device's values whenever they are read, and ``load_state_dict``
+reaches the device (:mod:`csrun.driver.state_view`). On the CPU with ``settings`` the same
+schedule and clipping apply to the torch optimizer.
 
 State and step (both paths): :func:`global_step` (optimizer steps taken),
 :func:`get_state` (``{"model", "optimizer", "amp", "global_step"}``, the legacy checkpoint
