@@ -183,23 +183,6 @@ def _matches(t: Any, x: Any) -> bool:
         return t is x
 
 
-def _first_step_value(x: Any) -> "StepValue | None":
-    """The first step value among (nested) arguments, or None."""
-    if isinstance(x, StepValue):
-        return x
-    if isinstance(x, (list, tuple)):
-        for v in x:
-            found = _first_step_value(v)
-            if found is not None:
-                return found
-    elif isinstance(x, dict):
-        for v in x.values():
-            found = _first_step_value(v)
-            if found is not None:
-                return found
-    return None
-
-
 def _fill(t: Any, env: Callable[[int], Any], slots: Sequence[Any] = ()) -> Any:
     """A template with each :class:`Ref` replaced by ``env(index)``, each :class:`Slot` by its
     input and constants by their tensors."""
@@ -218,6 +201,17 @@ def _fill(t: Any, env: Callable[[int], Any], slots: Sequence[Any] = ()) -> Any:
     if isinstance(t, slice):
         return slice(_fill(t.start, env, slots), _fill(t.stop, env, slots), _fill(t.step, env, slots))
     return t
+
+
+def _has_refs(t: Any) -> bool:
+    """Whether a template holds a :class:`Ref` or :class:`Slot`."""
+    if isinstance(t, (Ref, Slot)):
+        return True
+    if isinstance(t, (list, tuple)):
+        return any(_has_refs(v) for v in t)
+    if isinstance(t, dict):
+        return any(_has_refs(v) for v in t.values())
+    return False
 
 
 def _constants(t: Any) -> Iterator[Const]:
@@ -331,8 +325,8 @@ class Entry:
     result_meta: tuple[tuple[torch.Size, torch.dtype], ...]
     rebuild: Callable[[list[Any]], Any]
     location: Location | None
-    inplace_of: int | None = None
-    """For an in-place method (``x.add_(1)``): the value it updated (later reads see the result)."""
+    plain_kwargs: bool = False
+    """The keyword arguments hold no tensor: a later call's are compared with ``==``."""
 
     def describe(self) -> str:
         """``name(args)`` as the user would recognise it."""
@@ -478,6 +472,29 @@ def _kind(func: Any) -> tuple[str, str]:
     return kind
 
 
+class _Scan:
+    """One walk over (nested) arguments: the first step value, and whether any is a device value."""
+
+    __slots__ = ("first", "device")
+
+    def __init__(self) -> None:
+        self.first: StepValue | None = None
+        self.device = False
+
+    def walk(self, x: Any) -> None:
+        if isinstance(x, StepValue):
+            if self.first is None:
+                self.first = x
+            if not x._host:
+                self.device = True
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                self.walk(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                self.walk(v)
+
+
 class StepValue(torch.Tensor):
     """A tensor of a step on the device: shape and dtype here, the value on the device (module manual)."""
 
@@ -507,13 +524,15 @@ class StepValue(torch.Tensor):
         if kind == "meta":
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        first = _first_step_value(args)
-        if first is None:
-            first = _first_step_value(kwargs)
+        found = _Scan()
+        found.walk(args)
+        if kwargs:
+            found.walk(kwargs)
+        first = found.first
         if first is None:  # e.g. a torch function that got a step value's type only
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        return first._recorder.operation(func, name, first, args, kwargs)
+        return first._recorder.operation(func, name, first, args, kwargs, found.device)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -664,11 +683,12 @@ class StepRecorder:
         return self._check(None, args, kwargs)
 
     def operation(self, func: Any, name: str, first: StepValue, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Any:
-        """A torch function or tensor method applied to step values (``StepValue.__torch_function__``)."""
+                  kwargs: dict[str, Any], device: bool = True) -> Any:
+        """A torch function or tensor method applied to step values (``StepValue.__torch_function__``);
+        ``device``: some argument is a device value (else all are host values)."""
         step = first._step
         if not step.open:
-            if _all_host((args, kwargs)):  # the batch's values are the chief's: readable anywhere
+            if not device:  # the batch's values are the chief's: readable anywhere
                 return self._closed_host(func, args, kwargs)
             return self._closed(step, func, name, args, kwargs)
         if step is not self._step:
@@ -676,7 +696,7 @@ class StepRecorder:
                                  "values of a step are read in its step closures")
         if name == "backward":
             return self._backward(first)
-        if _all_host((args, kwargs)):
+        if not device:
             return self._on_host(func, args, kwargs)
         if name in _READS:
             raise DeviceTensorReadError(f"cannot {_READS[name]} a device tensor here: {READ_HINT}")
@@ -744,8 +764,10 @@ class StepRecorder:
             meta.append((leaf.shape, leaf.dtype))
             wrapped.append(v)
         loc = caller_location()
-        entry = Entry(func=func, args=_template(args), kwargs=_template(kwargs), results=tuple(results),
-                      result_meta=tuple(meta), rebuild=rebuild, location=loc)
+        kw = _template(kwargs)
+        entry = Entry(func=func, args=_template(args), kwargs=kw, results=tuple(results),
+                      result_meta=tuple(meta), rebuild=rebuild, location=loc, plain_kwargs=not any(_constants(kw))
+                      and not _has_refs(kw))
         for r in results:
             self._draft.value_lines[r] = loc
         self._draft.entries.append(entry)
@@ -759,7 +781,8 @@ class StepRecorder:
             raise StepChanged(f"an extra call {what}(...) after the compiled step's last one", compiled="nothing more",
                               location=caller_location())
         entry = recording.entries[self._pos]
-        if entry.func is not func or not _matches(entry.args, args) or not _matches(entry.kwargs, kwargs):
+        if entry.func is not func or not _matches(entry.args, args) or not (
+                entry.kwargs == kwargs if entry.plain_kwargs else _matches(entry.kwargs, kwargs)):
             name = "model" if func is None else getattr(func, "__name__", repr(func))
             raise StepChanged(f"{name}{_describe(_sketch(tuple(args)))}", compiled=entry.describe(),
                               location=caller_location())
@@ -814,17 +837,6 @@ def _eval_loss(recording: Recording) -> int | None:
                 return names
     last = [i for e in recording.entries for i in e.results if i in scalars]
     return last[-1] if last else None
-
-
-def _all_host(x: Any) -> bool:
-    """Whether every step value among (nested) arguments is a host value."""
-    if isinstance(x, StepValue):
-        return x._host
-    if isinstance(x, (list, tuple)):
-        return all(_all_host(v) for v in x)
-    if isinstance(x, dict):
-        return all(_all_host(v) for v in x.values())
-    return True
 
 
 def _describe_meta(meta: tuple[tuple[torch.Size, torch.dtype], ...]) -> str:
