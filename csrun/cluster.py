@@ -10,13 +10,17 @@ Variables read, first match wins for each item:
 
 rank
     ``PMI_RANK`` (MPICH's mpiexec, and ``srun --mpi=pmi2``), ``OMPI_COMM_WORLD_RANK``,
-    ``SLURM_PROCID``; else 0.
+    ``SLURM_PROCID`` (inside a step); else 0.
 number of tasks
     ``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE``, ``SLURM_NTASKS`` (summed over the components of
     a heterogeneous step from ``SLURM_HET_SIZE`` and ``SLURM_NTASKS_HET_GROUP_<i>``
-    when those are set); else 1.
+    when those are set); else 1. Slurm's counts are trusted only **inside a step**
+    (``SLURM_STEP_ID`` set, as srun sets it): inside ``salloc -n 2`` or the body of an
+    ``sbatch -n 4`` script, a plain ``python run.py`` is one task, and
+    :attr:`ClusterInfo.allocation_tasks` says how many the allocation has (for a notice).
 local rank
-    ``MPI_LOCALRANKID`` (MPICH), ``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID``; else 0.
+    ``MPI_LOCALRANKID`` (MPICH), ``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID`` (inside a
+    step); else 0.
 node name
     ``SLURMD_NODENAME``; else the host name.
 restarts
@@ -66,6 +70,9 @@ class ClusterInfo:
     """How often Slurm has requeued this job (a preempted run resumes when it is above 0)."""
     cs_ip: str = ""
     """The device address the launcher exported (``CS_IP``, stripped), or ``""``."""
+    allocation_tasks: int = 0
+    """Outside a Slurm step: the tasks the surrounding allocation has (``SLURM_NTASKS``), which
+    this process does not count on; 0 inside a step or without Slurm."""
 
     @property
     def role(self) -> str:
@@ -111,9 +118,13 @@ def _slurm_tasks(env: Mapping[str, str]) -> int | None:
 def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
     """Read this task's place in the job from the environment (``os.environ`` by default)."""
     env = os.environ if environ is None else environ
-    rank = _first_int(env, ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"), 0)
-    size = _first_int(env, ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 0) or _slurm_tasks(env) or 1
-    local = _first_int(env, ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"), 0)
+    in_step = bool(env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "")).strip())
+    slurm = ("SLURM_PROCID",) if in_step else ()
+    rank = _first_int(env, ("PMI_RANK", "OMPI_COMM_WORLD_RANK", *slurm), 0)
+    launched = _first_int(env, ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"), 0)
+    size = launched or (_slurm_tasks(env) if in_step else None) or 1
+    local = _first_int(env, ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", *("SLURM_LOCALID",)[:len(slurm)]), 0)
+    allocation = 0 if in_step or launched else (_slurm_tasks(env) or 0)
     return ClusterInfo(
         rank=rank,
         num_tasks=max(size, rank + 1),
@@ -124,7 +135,16 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
         job_id=env.get("SLURM_JOB_ID", ""),
         restart_count=_first_int(env, ("SLURM_RESTART_COUNT",), 0),
         cs_ip=env.get("CS_IP", "").strip(),
+        allocation_tasks=allocation if allocation > 1 else 0,
     )
+
+
+def allocation_notice(info: ClusterInfo) -> str | None:
+    """The one-line notice for a process outside a Slurm step in a multi-task allocation, or None."""
+    if not info.allocation_tasks:
+        return None
+    return (f"csrun: this allocation has {info.allocation_tasks} tasks, but this process was not started by srun: "
+            "it runs as one task (a lone chief); launch the job with csrun_wse / srun to use them")
 
 
 def describe(info: ClusterInfo) -> str:

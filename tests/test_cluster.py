@@ -23,7 +23,7 @@ def test_pmi_wins_over_slurm_per_component_values() -> None:
 
 
 def test_slurm_heterogeneous_step_sums_components() -> None:
-    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_HET_SIZE": "2", "SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "4"}
+    env = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_HET_SIZE": "2", "SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "4"}
     info = cluster_info(env)
     assert (info.rank, info.num_tasks) == (3, 5)
 
@@ -37,3 +37,19 @@ def test_launcher_job_and_device_address_are_carried() -> None:
     info = cluster_info({"CSRUN_LAUNCHER": "csrun_wse", "SLURM_JOB_ID": "42", "CS_IP": " node7:9100 "})
     assert (info.launcher, info.job_id, info.cs_ip) == ("csrun_wse", "42", "node7:9100")
     assert cluster_info({}).cs_ip == "" and cluster_info({}).job_id == ""
+
+
+def test_slurm_counts_only_inside_a_step() -> None:
+    """salloc -n 2 / an sbatch -n 4 body without srun: a plain python is one task (issue 11)."""
+    from csrun.cluster import allocation_notice
+
+    body = cluster_info({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "0"})
+    assert body.num_tasks == 1 and body.is_chief and body.allocation_tasks == 4
+    assert "4 tasks" in (allocation_notice(body) or "")
+    salloc = cluster_info({"SLURM_JOB_ID": "8", "SLURM_NTASKS": "2"})
+    assert salloc.num_tasks == 1 and salloc.allocation_tasks == 2
+    step = cluster_info({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "3", "SLURM_PROCID": "2", "SLURM_STEP_ID": "0"})
+    assert step.num_tasks == 3 and step.rank == 2 and step.allocation_tasks == 0
+    assert allocation_notice(step) is None
+    one = cluster_info({"SLURM_JOB_ID": "10", "SLURM_NTASKS": "1"})
+    assert one.allocation_tasks == 0 and allocation_notice(one) is None

@@ -8,10 +8,11 @@ unless the job has more than one task; :func:`comm` imports mpi4py on first use.
 from __future__ import annotations
 
 import atexit
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from csrun.cluster import ClusterInfo, cluster_info
+from csrun.cluster import ClusterInfo, allocation_notice, cluster_info
 from csrun.compiler.settings import CompileSettings
 from csrun.driver.run_path import RunFlags, RunPathError, decide
 from csrun.stream.receiver import Receiver
@@ -54,6 +55,9 @@ def state() -> State:
     global _state
     if _state is None:
         _state = State(info=cluster_info())
+        notice = allocation_notice(_state.info)
+        if notice is not None:
+            print(notice, file=sys.stderr, flush=True)
         if _state.streaming and _state.info.is_chief:
             atexit.register(_release_unstarted)
     return _state
