@@ -43,7 +43,7 @@ from csrun.stream.errors import StreamError
 from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END
 from csrun.stream.stats import StreamerStats
-from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, empty_header,
+from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, empty_header, wait_for,
                                header, mpi, stream_timeout)
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
@@ -239,7 +239,7 @@ class Receiver:
 
     def _wait(self, ready: Any, peers: list[_Peer], what: str) -> None:
         deadline = time.monotonic() + self.timeout
-        backoff = Backoff()
+        backoff = Backoff.transfer()
         try:
             while not ready():
                 if time.monotonic() > deadline:
@@ -344,11 +344,12 @@ class Receiver:
                 if seq >= peer.sent:
                     for r in reqs:
                         r.Cancel()
-                MPI.Request.Waitall(reqs)
+                wait_for(lambda reqs=reqs: MPI.Request.Testall(reqs), Backoff.transfer())
             peer.slots = []
             if peer.ctrl_req is not None:
                 peer.ctrl_req.Cancel()
-                peer.ctrl_req.Wait()
+                ctrl = peer.ctrl_req
+                wait_for(lambda: ctrl.Test(), Backoff.transfer())
                 peer.ctrl_req = None
         return out
 

@@ -33,7 +33,7 @@ from csrun.stream.errors import BatchError
 from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END, BatchSource
 from csrun.stream.stats import StreamerStats
-from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, empty_header,
+from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, empty_header, wait_for,
                                error_grace, header, mpi)
 
 _MAX_TEXT = 16384
@@ -67,7 +67,8 @@ class _Credit:
         """Withdraw the standing receive (after STOP it is already complete)."""
         if not self.stopped:
             self._req.Cancel()
-            self._req.Wait()
+            req = self._req
+            wait_for(lambda: req.Test(), Backoff.streamer())
 
 
 def run_streamer(comm: Any, source: BatchSource, *, node: str, chief: int = 0) -> StreamerStats:
@@ -80,7 +81,8 @@ def run_streamer(comm: Any, source: BatchSource, *, node: str, chief: int = 0) -
     rank = comm.Get_rank()
     stats = StreamerStats(rank=rank, node=node)
     start = empty_header()
-    comm.Recv([start, MPI.INT64_T], source=chief, tag=TAG_CREDIT)
+    first = comm.Irecv([start, MPI.INT64_T], source=chief, tag=TAG_CREDIT)
+    wait_for(lambda: first.Test(), Backoff.streamer())  # START comes after the chief's setup: sleep, don't spin
     if int(start[0]) == Kind.STOP:
         _send_json(comm, chief, Kind.STOPPED, 0, stats.__dict__)
         return stats
@@ -103,7 +105,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
     inflight: deque[tuple[list[Any], list[Any]]] = deque()  # (requests, buffers they read)
     epoch = 0
     t_start = time.monotonic()
-    backoff = Backoff()
+    backoff, moving = Backoff.streamer(), Backoff.transfer()
     while True:
         credit.poll()
         if credit.stopped:
@@ -127,24 +129,28 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
         buffers = schema.encode(item)
         credit.poll()
         if stats.batches >= credit.upto and not credit.stopped:
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.process_time()
             backoff.reset()
+            moving.reset()
             while stats.batches >= credit.upto and not credit.stopped:
                 while inflight and MPI.Request.Testall(inflight[0][0]):
                     inflight.popleft()
                 credit.poll()
-                backoff.idle()
+                (moving if inflight else backoff).idle()  # sends in flight move only while polled
             stats.credit_wait_s += time.monotonic() - t0
+            stats.credit_wait_cpu_s += time.process_time() - c0
         if credit.stopped:
             break
         while len(inflight) >= _INFLIGHT:
-            MPI.Request.Waitall(inflight.popleft()[0])
+            oldest = inflight.popleft()[0]
+            wait_for(lambda: MPI.Request.Testall(oldest), Backoff.transfer())
         # the buffers must live until their sends complete: they stay in ``inflight``
         inflight.append(([comm.Isend([b, MPI.BYTE], dest=chief, tag=TAG_DATA) for b in buffers], buffers))
         stats.batches += 1
         stats.bytes += schema.nbytes
     while inflight:
-        MPI.Request.Waitall(inflight.popleft()[0])
+        oldest = inflight.popleft()[0]
+        wait_for(lambda: MPI.Request.Testall(oldest), Backoff.transfer())
     stats.seconds = time.monotonic() - t_start
 
 
@@ -170,7 +176,7 @@ def _fail(comm: Any, chief: int, rank: int, node: str, sent: int, exc: Exception
     try:
         reqs = [comm.Isend([header(Kind.ERROR, sent, len(payload)), MPI.INT64_T], dest=chief, tag=TAG_CTRL),
                 comm.Isend([payload, MPI.BYTE], dest=chief, tag=TAG_TEXT)]
-        backoff = Backoff()
+        backoff = Backoff.streamer()
         while time.monotonic() < deadline:  # the chief aborts the job when it sees the error
             MPI.Request.Testall(reqs)
             credit.poll()

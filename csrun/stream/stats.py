@@ -38,6 +38,8 @@ class StreamerStats:
     """Time inside the input pipeline (the user's loader)."""
     credit_wait_s: float = 0.0
     """Time blocked with a batch ready but no credit (the chief was behind)."""
+    credit_wait_cpu_s: float = 0.0
+    """CPU time the process used during those waits (what waiting costs; ~1% of the wait)."""
 
     @property
     def batches_per_s(self) -> float:
