@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -165,7 +166,7 @@ def bench_server(steps: int, rounds: int) -> tuple[tuple[float, float], tuple[fl
     model = MLP(d_in=1024, hidden=512)
     ep = torch.export.export(model, (batches[0],))
     spec = _spec("sgd", {"momentum": 0.9}, 1e-3)
-    token = "bench-token"
+    token = secrets.token_urlsafe(32)
     proc, address = start_server(token)
     try:
         remote = RemoteDevice(address, token, "bench")

@@ -3,56 +3,95 @@
 Usage::
 
     cs_emulator [--listen HOST:PORT] [--device cpu|cuda|cuda:I] [--token-file PATH]
+                [--allow-weak-token] [--tls-cert PATH --tls-key PATH]
+                [--hello-deadline S] [--max-pending N] [--idle-limit S]
                 [--queue-depth N] [--max-header-bytes N] [--max-tensors N]
                 [--max-tensor-bytes N] [--max-frame-bytes N] [--max-program-bytes N]
-                [--hello-timeout S] [--log-level LEVEL]
+                [--log-level LEVEL]
 
 A job reaches it with ``run.py --cs_ip HOST:PORT`` (or ``CS_IP``). The server executes the
 job's compiled program (forward, backward, optimizer, LR schedule, loss scaling) with the
 weights resident on ``--device``, for one job at a time: another job that connects meanwhile
-is told ``system busy: in use by job J since T``. A job that disconnects frees the system.
+is told ``system busy: in use by job J since T``. A job that disconnects frees the system, and so
+does a job that keeps the server waiting longer than ``--idle-limit`` (see below).
+
+Authentication: client and server share a token and each proves it holds it (HMAC-SHA256 over
+fresh nonces from both sides); the token itself never travels. Without TLS, batches, weights and
+programs do travel in plaintext. See README.md, "Security", for what is and is not protected.
 
 Options:
 
 ``--listen HOST:PORT``
     Address to listen on (default ``127.0.0.1:9000``; ``:9000`` is the default port when only a
-    host is given; port 0 picks a free port, which is printed).
+    host is given; port 0 picks a free port, which is printed). A non-loopback address without
+    ``--tls-cert`` starts with a one-line warning: the data would cross the network in plaintext.
 ``--device DEVICE``
     ``cpu`` (default), ``cuda`` or ``cuda:I``: where weights, optimizer state and compute live.
 ``--token-file PATH``
-    File holding the shared secret clients must present (default ``~/.csrun/emulator.token``).
-    Used when ``CSRUN_EMULATOR_TOKEN`` is unset. When the file does not exist, a fresh token is
-    generated with :mod:`secrets`, written there with mode 0600, and the path is printed.
+    File holding the shared secret (default ``~/.csrun/emulator.token``). Used when
+    ``CSRUN_EMULATOR_TOKEN`` is unset. When the file does not exist, a fresh token (256 random
+    bits) is generated with :mod:`secrets`, written there with mode 0600, and the path is
+    printed. A token file its group or others can read or write is refused (exit 2): ``chmod 600``.
+``--allow-weak-token``
+    Serve with a token shorter than 16 characters or of low estimated entropy (repeated
+    characters); refused otherwise (exit 2), because a recorded hello lets anyone test guesses
+    of the token offline.
+``--tls-cert PATH``, ``--tls-key PATH``
+    Serve TLS (1.2 or later) with this PEM certificate chain and private key (both or neither);
+    the key file must be private to its owner (``chmod 600``), else exit 2. Clients then need
+    ``CSRUN_EMULATOR_CA``.
+``--hello-deadline S``
+    Seconds a new connection has for its whole hello, TLS handshake included, however slowly it
+    sends (default 5); then it is closed. ``--hello-timeout`` is an older name for it.
+``--max-pending N``
+    Connections at once that have not authenticated yet (default 64). When all places are taken,
+    a newcomer takes the place of the oldest one if that one has waited longer than
+    min(1 s, deadline/2) (a real client authenticates in one round trip); otherwise the newcomer
+    is told ``too many connections`` and its client retries within its connect timeout.
+``--idle-limit S``
+    Seconds the holder of the system may keep the server waiting for its next message (default
+    60; ``0``: no limit). Time the server spends on the job's work does not count, and clients
+    send keep-alives when they are quiet (compiling, running closures, evaluating), so only a
+    client that is stopped or cut off reaches it. The system then goes to the next job, and the
+    stalled client, if it wakes, is told in one line.
 ``--queue-depth N``
     Steps the server queues ahead of the one running (default 2).
 ``--max-header-bytes N`` (default 1 MiB), ``--max-tensors N`` (4096 per frame),
 ``--max-tensor-bytes N`` (1 GiB), ``--max-frame-bytes N`` (4 GiB of buffers per frame),
 ``--max-program-bytes N`` (2 GiB)
     Size limits on every frame field; a frame over any limit closes that connection.
-``--hello-timeout S``
-    Seconds a new connection has to authenticate (default 10).
 ``--log-level LEVEL``
     ``debug``, ``info`` (default), ``warning`` or ``error``; logs go to stderr.
 
 Environment:
 
 ``CSRUN_EMULATOR_TOKEN``
-    The token (takes precedence over ``--token-file``). Clients read the same variable.
+    The token (takes precedence over ``--token-file``). Clients read the same variable, then
+    the same token file (which they also refuse when others can read it).
+``CSRUN_EMULATOR_CA``
+    Read by clients: a PEM file of the CA(s) to trust; when set, the client speaks TLS and checks
+    that the server's certificate names the host of ``--cs_ip`` (an IP address or DNS name).
+``CSRUN_EMULATOR_TLS_NAME``
+    Read by clients: the name the server's certificate must carry, when it is not the host of
+    ``--cs_ip`` (for example a DNS name while connecting by IP address).
 
 Signals: SIGTERM and SIGINT stop the server cleanly (connections are closed, exit status 0).
-Exit status: 0 after a clean stop, 2 for a bad option or value, 1 if the address cannot be bound.
+Exit status: 0 after a clean stop, 2 for a bad option or value (an insecure token, token file or
+key included), 1 if the address cannot be bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import signal
 import sys
 import threading
 
 from csrun.emulator import wire
-from csrun.emulator.auth_token import DEFAULT_TOKEN_FILE, TOKEN_ENV, server_token
+from csrun.emulator.auth_token import DEFAULT_TOKEN_FILE, TOKEN_ENV, check_token, server_token
+from csrun.emulator.guard import GuardLimits
 from csrun.errors import UsageError, UserError
 
 PROG = "cs_emulator"
@@ -64,15 +103,46 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:9000", help="HOST:PORT to listen on (default 127.0.0.1:9000)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:I (default cpu)")
     p.add_argument("--token-file", default=DEFAULT_TOKEN_FILE, help=f"token file (default {DEFAULT_TOKEN_FILE})")
+    p.add_argument("--allow-weak-token", action="store_true", help="serve with a short or repetitive token")
+    p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert (mode 0600)")
+    g = GuardLimits()
+    p.add_argument("--hello-deadline", "--hello-timeout", dest="hello_deadline", type=float, default=g.hello_deadline,
+                   help=f"seconds for a connection's whole hello (default {g.hello_deadline:g})")
+    p.add_argument("--max-pending", type=int, default=g.max_pending,
+                   help=f"connections waiting to authenticate (default {g.max_pending})")
+    p.add_argument("--idle-limit", type=float, default=g.idle_limit,
+                   help=f"seconds the holder may keep the server waiting; 0: none (default {g.idle_limit:g})")
     p.add_argument("--queue-depth", type=int, default=2, help="steps queued ahead (default 2)")
     p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes)
     p.add_argument("--max-tensors", type=int, default=d.max_tensors)
     p.add_argument("--max-tensor-bytes", type=int, default=d.max_tensor_bytes)
     p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
     p.add_argument("--max-program-bytes", type=int, default=d.max_program_bytes)
-    p.add_argument("--hello-timeout", type=float, default=10.0)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Refuse non-positive sizes and limits, naming the flag."""
+    for name in ("queue_depth", "max_header_bytes", "max_tensors", "max_tensor_bytes", "max_frame_bytes",
+                 "max_program_bytes", "max_pending"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.hello_deadline > 0:
+        raise UsageError(f"--hello-deadline must be > 0 seconds, got {args.hello_deadline:g}")
+    if not args.idle_limit >= 0:
+        raise UsageError(f"--idle-limit must be >= 0 seconds (0: no limit), got {args.idle_limit:g}")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together: give both to serve TLS, or neither")
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether the bound address ``host`` is reachable from this machine only."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,20 +155,26 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s cs_emulator %(levelname)s %(message)s")
     try:
         host, port = parse_address(args.listen, allow_zero=True)
-        for name in ("queue_depth", "max_header_bytes", "max_tensors", "max_tensor_bytes", "max_frame_bytes",
-                     "max_program_bytes"):
-            if getattr(args, name) < 1:
-                raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-        token, written = server_token(args.token_file)
+        _check_numbers(args)
+        token, source, written = server_token(args.token_file)
+        if not args.allow_weak_token:
+            check_token(token, source)
+        tls = None
+        if args.tls_cert:
+            from csrun.emulator.tls import server_context
+
+            tls = server_context(args.tls_cert, args.tls_key)
         limits = wire.Limits(max_header_bytes=args.max_header_bytes, max_tensors=args.max_tensors,
                              max_tensor_bytes=args.max_tensor_bytes, max_frame_bytes=args.max_frame_bytes,
                              max_program_bytes=args.max_program_bytes)
+        guard = GuardLimits(max_pending=args.max_pending, hello_deadline=args.hello_deadline,
+                            idle_limit=args.idle_limit)
         from csrun.emulator.engine import parse_device
 
         parse_device(args.device)
         try:
             server = EmulatorServer(token=token, host=host, port=port, device=args.device,
-                                    queue_depth=args.queue_depth, limits=limits, hello_timeout=args.hello_timeout)
+                                    queue_depth=args.queue_depth, limits=limits, connection_limits=guard, tls=tls)
         except OSError as exc:
             print(f"{PROG}: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
@@ -116,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     if written:
         print(f"{PROG}: wrote a new token to {written} (mode 0600); clients read it from there or {TOKEN_ENV}",
               flush=True)
-    print(f"{PROG}: listening on {server.address[0]}:{server.address[1]} (device {args.device})", flush=True)
+    bound = f"{server.address[0]}:{server.address[1]}"
+    if tls is None and not _is_loopback(server.address[0]):
+        print(f"{PROG}: warning: listening on {bound} without TLS: batches, weights and programs cross the "
+              "network in plaintext and an on-path attacker can take over a session (the token itself is never "
+              "sent); use --tls-cert/--tls-key", file=sys.stderr, flush=True)
+    print(f"{PROG}: listening on {bound} (device {args.device}{', TLS' if tls else ''})", flush=True)
     try:
         server.serve_forever()
     finally:

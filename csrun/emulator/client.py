@@ -3,13 +3,18 @@
 It has the same interface as :class:`~csrun.emulator.embedded.EmbeddedDevice`. Steps are
 pipelined: ``submit`` sends the batch at once and returns a handle; a reader thread resolves
 handles as results arrive. Up to ``queue_depth`` steps are in flight.
+
+The link is opened by :mod:`csrun.emulator.connect` (TLS when ``CSRUN_EMULATOR_CA`` is set, see
+:mod:`csrun.emulator.tls`; the token is proven, never sent). While it is open, a keep-alive thread
+(:mod:`csrun.emulator.keepalive`) pings when the job is quiet, so only a process stopped as a
+whole outlives the server's idle limit; such a job, when it wakes, gets one line saying that the
+system was taken back (:class:`~csrun.emulator.errors.SystemReclaimed`).
 """
 
 from __future__ import annotations
 
 import socket
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -18,30 +23,26 @@ import torch
 from csrun.address import Address, parse_address
 from csrun.compiler.spec import ProgramSpec
 from csrun.emulator import wire
+from csrun.emulator.connect import open_link
 from csrun.emulator.device import Device
-from csrun.emulator.errors import (
-    AuthenticationFailed,
-    DeviceError,
-    LinkLost,
-    ProtocolError,
-    SpecError,
-    StepFailed,
-    SystemBusy,
-    SystemUnreachable,
-)
+from csrun.emulator.errors import DeviceError, LinkLost, ProtocolError, SpecError, StepFailed, SystemReclaimed
 from csrun.emulator.handles import StepHandle
+from csrun.emulator.keepalive import PING, KeepAlive
 from csrun.emulator.program import save_program
+from csrun.emulator.tls import ClientTLS, client_tls_from_env
 from csrun.errors import UserError
 
-def _error_from(header: dict[str, Any]) -> BaseException:
+LOST_WAIT = 1.0
+"""Seconds a failed send waits for the reader to learn why the link ended (the server's last word)."""
+
+
+def _error_from(header: dict[str, Any], where: str) -> BaseException:
     kind = header.get("kind")
     msg = str(header.get("message", "unknown error"))
     if kind == "user":
         return SpecError(msg)
-    if kind == "busy":
-        return SystemBusy(msg)
-    if kind == "auth":
-        return AuthenticationFailed(msg)
+    if kind == "idle":
+        return SystemReclaimed(f"the system at {where} dropped this job: {msg}")
     if kind == "device" and isinstance(header.get("step"), int):
         err = StepFailed(header["step"], "")
         err.args = (msg,)
@@ -61,17 +62,24 @@ class RemoteDevice(Device):
         queue_depth: int = 2,
         connect_timeout: float = 30.0,
         limits: wire.Limits = wire.Limits(),
+        tls: ClientTLS | None = None,
     ) -> None:
         """Connect (retrying for up to ``connect_timeout`` seconds) and authenticate.
 
-        Raises :class:`SystemUnreachable`, :class:`AuthenticationFailed` or :class:`SystemBusy`.
+        ``tls``: how to wrap the connection; None reads ``CSRUN_EMULATOR_CA`` (plain TCP when unset).
+        Raises :class:`SystemUnreachable`, :class:`AuthenticationFailed`, :class:`SystemBusy`
+        (:class:`TooManyConnections` among them) or :class:`VersionMismatch`.
         """
         if not isinstance(queue_depth, int) or queue_depth < 1:
             raise UserError(f"queue_depth must be a positive integer, got {queue_depth!r}")
         self.host, self.port = parse_address(address)
         self.limits = limits
         self.queue_depth = queue_depth
-        self._sock = self._connect(connect_timeout)
+        link = open_link(self.host, self.port, token, str(job_id), timeout=connect_timeout,
+                         tls=tls if tls is not None else client_tls_from_env())
+        self._sock = link.sock
+        self.idle_limit = link.idle_limit
+        """The server's idle limit in seconds (0: none); the keep-alives stay well inside it."""
         self._send_lock = threading.Lock()
         self._pending: dict[int, tuple[str, Future[Any]]] = {}
         self._pending_lock = threading.Lock()
@@ -81,43 +89,16 @@ class RemoteDevice(Device):
         self._error: BaseException | None = None
         self._closed = False
         self._last_step = 0
-        try:
-            self._sock.settimeout(max(connect_timeout, 10.0))
-            wire.send_frame(self._sock, {"op": "hello", "token": token, "job_id": str(job_id),
-                                         "version": wire.PROTOCOL_VERSION})
-            header, _ = wire.recv_frame(self._sock, limits)
-            if header.get("op") != "ok":
-                raise _error_from(header)
-            self._sock.settimeout(None)
-        except (OSError, EOFError, ProtocolError) as exc:
-            self._sock.close()
-            raise SystemUnreachable(f"the system at {self.where} closed the connection during the hello ({exc})") from None
-        except BaseException:
-            self._sock.close()
-            raise
+        self._keepalive = KeepAlive(link.idle_limit / 4, self._ping) if link.idle_limit else None
         self._reader = threading.Thread(target=self._read, name="cs-emulator-link", daemon=True)
         self._reader.start()
+        if self._keepalive is not None:
+            self._keepalive.start()
 
     @property
     def where(self) -> str:
         """``host:port`` (``[v6]:port``) of the system."""
         return str(Address(self.host, self.port))
-
-    def _connect(self, timeout: float) -> socket.socket:
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        while True:
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=max(1.0, min(5.0, timeout)))
-                wire.tune_socket(sock)
-                return sock
-            except OSError:
-                if time.monotonic() + delay > deadline:
-                    raise SystemUnreachable(
-                        f"could not reach the system at {self.where} (is cs_emulator running there?)"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
 
     # link ------------------------------------------------------------------------------------
 
@@ -130,6 +111,16 @@ class RemoteDevice(Device):
             if not fut.done():
                 fut.set_exception(err)
 
+    def _lost(self, exc: BaseException) -> LinkLost:
+        """The error for a link that ended without the server's word (EOF, reset)."""
+        msg = f"lost the connection to the system at {self.where} ({type(exc).__name__}: {exc})"
+        if self._keepalive is not None and self._keepalive.stalled_for() > self.idle_limit:
+            return SystemReclaimed(
+                f"the system at {self.where} dropped this job: this process sent nothing for "
+                f"{self._keepalive.stalled_for():.0f}s (was it stopped?), over the system's idle limit of "
+                f"{self.idle_limit:g}s, so the system was given back ({type(exc).__name__})")
+        return LinkLost(msg)
+
     def _read(self) -> None:
         try:
             while True:
@@ -138,7 +129,7 @@ class RemoteDevice(Device):
                 with self._pending_lock:
                     entry = self._pending.pop(seq, None) if isinstance(seq, int) else None
                 if header.get("op") == "error":
-                    err = _error_from(header)
+                    err = _error_from(header, self.where)
                     if entry is None:  # a connection-level error: everything fails
                         self._fail_all(err)
                         return
@@ -162,7 +153,26 @@ class RemoteDevice(Device):
             if self._closed:
                 self._fail_all(DeviceError("the device is closed"))
             else:
-                self._fail_all(LinkLost(f"lost the connection to the system at {self.where} ({type(exc).__name__}: {exc})"))
+                self._fail_all(self._lost(exc))
+        finally:
+            if self._keepalive is not None:
+                self._keepalive.stop()
+
+    def _ping(self) -> bool:
+        """One keep-alive unless a send is in progress; False once the link is gone."""
+        if self._closed or self._error is not None:
+            return False
+        if not self._send_lock.acquire(blocking=False):
+            return True
+        try:
+            wire.send_frame(self._sock, PING)
+            if self._keepalive is not None:
+                self._keepalive.sent()
+            return True
+        except OSError:
+            return False  # the reader reports why the link ended
+        finally:
+            self._send_lock.release()
 
     def _request(self, kind: str, header: dict[str, Any], tensors: list[torch.Tensor] | None = None) -> "Future[Any]":
         self._raise_if_failed()
@@ -175,9 +185,12 @@ class RemoteDevice(Device):
             try:
                 wire.send_frame(self._sock, header, tensors)
             except OSError as exc:
-                err = LinkLost(f"lost the connection to the system at {self.where} ({exc})")
+                self._reader.join(LOST_WAIT)  # the server may have said why it closed the link
+                err = self._error if self._error is not None else self._lost(exc)
                 self._fail_all(err)
                 raise err from None
+            if self._keepalive is not None:
+                self._keepalive.sent()
         return fut
 
     def _raise_if_failed(self) -> None:
@@ -237,13 +250,15 @@ class RemoteDevice(Device):
         if self._closed:
             return
         self._closed = True
+        if self._keepalive is not None:
+            self._keepalive.stop()
         try:
             with self._send_lock:
                 wire.send_frame(self._sock, {"op": "bye", "seq": 0})
         except OSError:
             pass
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)  # under TLS too, without unwrapping
         except OSError:
             pass
         self._sock.close()

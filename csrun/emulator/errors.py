@@ -40,10 +40,24 @@ class SystemBusy(UserError):
     exit_code = 1
 
 
+class TooManyConnections(SystemBusy):
+    """The emulator has as many connections waiting to authenticate as it admits."""
+
+
 class AuthenticationFailed(UserError):
-    """The emulator refused the token."""
+    """The emulator refused the token, or the emulator could not prove it holds the token."""
 
     exit_code = 1
+
+
+class VersionMismatch(UserError):
+    """The two sides speak different wire protocol versions."""
+
+    exit_code = 1
+
+
+class InsecureSetup(UserError):
+    """A secret that is weak or readable by others (a short token, a token or key file others can read)."""
 
 
 class DeviceError(RuntimeError):
@@ -60,6 +74,10 @@ class StepFailed(DeviceError):
 
 class LinkLost(DeviceError):
     """The connection to a remote emulator broke."""
+
+
+class SystemReclaimed(LinkLost):
+    """The emulator took the system back from this job: it sent nothing for the server's idle limit."""
 
 
 class ProtocolError(Exception):

@@ -1,173 +1,64 @@
 """The emulator server: one authenticated client at a time drives an EmbeddedDevice over TCP.
 
-Session protocol (frames as in :mod:`csrun.emulator.wire`; every request after ``hello`` carries
-a ``seq`` and is answered in order):
+Session protocol (frames as in :mod:`csrun.emulator.wire`; the hello as in
+:mod:`csrun.emulator.handshake`; every request after the hello carries a ``seq`` and is
+answered in order):
 
 ===================  ===========================================  ==================================
-request ``op``       fields / buffers                             answer
+frame ``op``         fields / buffers                             answer
 ===================  ===========================================  ==================================
-``hello``            ``token``, ``job_id``, ``version`` (first)   ``ok`` or ``error`` (auth / busy)
+``challenge``        server -> client, first: ``version``,        the client's ``hello``
+                     ``nonce``
+``hello``            ``version``, ``job_id``, ``nonce``,          ``ok`` (``proof``, ``idle_limit``)
+                     ``proof`` (HMAC of both nonces, job id)      or ``error`` (auth / busy / version)
 ``load``             ``spec`` (ProgramSpec JSON); 1 buffer:       ``ok``
                      the ``torch.export`` archive
 ``step``             ``batch`` (encoded pytree) + buffers         ``result`` with ``outputs``
 ``state_dict``       --                                           ``result`` with ``state``
 ``load_state_dict``  ``state``, ``strict``, ``load_optimizer``    ``ok``
 ``sync``             --                                           ``ok``
+``ping``             -- (no ``seq``)                              none (a keep-alive)
 ``bye``              --                                           (connection closes)
 ===================  ===========================================  ==================================
 
-Errors come back as ``{"op": "error", "seq", "kind": "user"|"device"|"protocol"|"auth"|"busy",
-"message", "step"?}``. The token is compared with ``hmac.compare_digest``. While a client holds
+Errors come back as ``{"op": "error", "seq", "kind": "user"|"device"|"protocol"|"auth"|"busy"|
+"version"|"overload"|"idle", "message", "step"?}``. The token never travels: both sides prove
+they hold it with HMAC-SHA256 over fresh nonces, compared in constant time. While a client holds
 the system, other authenticated clients get ``system busy: in use by job J since T`` and are
 closed. A client that disconnects (or whose connection breaks) frees the system at once; its
 device state is dropped. Malformed input closes only that connection, with a logged reason.
+
+Limits (:mod:`csrun.emulator.guard`): at most ``max_pending`` connections wait to authenticate
+(a newcomer evicts the oldest stale one, else it hears ``too many connections``); each has
+``hello_deadline`` seconds for its whole hello; the holder loses the system when the server has
+waited ``idle_limit`` seconds for its next bytes (it is told why). With ``tls`` every connection
+is TLS (:mod:`csrun.emulator.tls`), the handshake inside the hello deadline.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import hmac
 import logging
-import queue
 import socket
+import ssl
 import threading
 import time
-from typing import Any
 
-import torch
-
-from csrun.compiler.spec import ProgramSpec
-from csrun.emulator import wire
-from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.errors import DeviceError, ProtocolError, StepFailed
-from csrun.emulator.program import load_program
+from csrun.emulator import handshake, wire
+from csrun.emulator.errors import ProtocolError
+from csrun.emulator.guard import Guard, GuardLimits, Pending, cut
+from csrun.emulator.session import Session
 from csrun.errors import UserError
 
 log = logging.getLogger("csrun.emulator.server")
 
 PROTOCOL_VERSION = wire.PROTOCOL_VERSION
-MAX_ID_CHARS = 256
-
-
-def _error_header(seq: int | None, exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, UserError):
-        kind = "user"
-    elif isinstance(exc, ProtocolError):
-        kind = "protocol"
-    else:
-        kind = "device"
-    head: dict[str, Any] = {"op": "error", "seq": seq, "kind": kind, "message": str(exc)}
-    if isinstance(exc, StepFailed):
-        head["step"] = exc.step
-    return head
-
-
-class _Session:
-    """One authenticated client: reads requests, runs them on a fresh device, answers in order."""
-
-    def __init__(self, server: "EmulatorServer", conn: socket.socket, peer: str, job_id: str) -> None:
-        self.server = server
-        self.conn = conn
-        self.peer = peer
-        self.job_id = job_id
-        self.device = EmbeddedDevice(device=server.device, queue_depth=server.queue_depth,
-                                     notice=lambda m: log.warning("job %s: %s", job_id, m))
-        self.answers: "queue.Queue[Any]" = queue.Queue()
-        self.responder = threading.Thread(target=self._respond, name="cs-emulator-respond", daemon=True)
-
-    def _send(self, header: dict[str, Any], tensors: list[torch.Tensor] | None = None) -> None:
-        wire.send_frame(self.conn, header, tensors)
-
-    def _respond(self) -> None:
-        while True:
-            item = self.answers.get()
-            if item is None:
-                return
-            kind, seq, payload = item
-            try:
-                if kind == "step":
-                    try:
-                        out = payload.result()
-                        tensors: list[torch.Tensor] = []
-                        self._send({"op": "result", "seq": seq, "outputs": wire.encode(out, tensors)}, tensors)
-                    except (UserError, DeviceError) as exc:
-                        self._send(_error_header(seq, exc))
-                elif kind == "state":
-                    tensors = []
-                    self._send({"op": "result", "seq": seq, "state": wire.encode(payload, tensors)}, tensors)
-                elif kind == "ok":
-                    self._send({"op": "ok", "seq": seq})
-                else:  # error
-                    self._send(_error_header(seq, payload))
-            except OSError:
-                return  # the reader sees the broken connection and ends the session
-
-    def _handle(self, header: dict[str, Any], tensors: list[torch.Tensor]) -> bool:
-        """Run one request; False ends the session."""
-        op = header.get("op")
-        seq = header.get("seq")
-        if not isinstance(seq, int) or isinstance(seq, bool):
-            raise ProtocolError(f"request {op!r} without an integer seq")
-        try:
-            if op == "step":
-                batch = wire.decode(header.get("batch"), tensors)
-                self.answers.put(("step", seq, self.device.submit(batch)))
-            elif op == "load":
-                spec_text = header.get("spec")
-                if not isinstance(spec_text, str):
-                    raise ProtocolError("load without a spec")
-                try:
-                    spec = ProgramSpec.from_json(spec_text)
-                except Exception as exc:  # noqa: BLE001 - any malformed spec is the user's
-                    raise UserError(f"program spec is malformed ({type(exc).__name__}: {exc})") from None
-                if tensors[0].dtype != torch.uint8 or tensors[0].dim() != 1:
-                    raise ProtocolError("the program archive must travel as one 1-d uint8 buffer")
-                program = load_program(tensors[0].numpy().tobytes())
-                self.device.load(program, spec)
-                self.answers.put(("ok", seq, None))
-            elif op == "state_dict":
-                self.answers.put(("state", seq, self.device.state_dict()))
-            elif op == "load_state_dict":
-                state = wire.decode(header.get("state"), tensors)
-                if not isinstance(state, dict):
-                    raise ProtocolError("load_state_dict without a state mapping")
-                self.device.load_state_dict(state, strict=bool(header.get("strict", True)),
-                                            load_optimizer=bool(header.get("load_optimizer", True)))
-                self.answers.put(("ok", seq, None))
-            elif op == "sync":
-                self.device.synchronize()
-                self.answers.put(("ok", seq, None))
-            elif op == "bye":
-                return False
-            else:
-                raise ProtocolError(f"unknown request {op!r}")
-        except (UserError, DeviceError) as exc:
-            self.answers.put(("error", seq, exc))
-        return True
-
-    def run(self) -> None:
-        """Serve requests until the client leaves, the link breaks or input is malformed."""
-        self.responder.start()
-        try:
-            while not self.server.stopping:
-                header, tensors = wire.recv_frame(self.conn, self.server.limits)
-                if not self._handle(header, tensors):
-                    log.info("job %s (%s) said goodbye", self.job_id, self.peer)
-                    break
-        except EOFError:
-            log.info("job %s (%s) disconnected", self.job_id, self.peer)
-        except ProtocolError as exc:
-            log.warning("job %s (%s): closing the connection: %s", self.job_id, self.peer, exc)
-            self.answers.put(("error", None, exc))
-        except OSError as exc:
-            log.info("job %s (%s): connection lost (%s)", self.job_id, self.peer, exc)
-        except Exception as exc:  # noqa: BLE001 - never take the server down
-            log.exception("job %s (%s): closing the connection after an internal error", self.job_id, self.peer)
-            self.answers.put(("error", None, DeviceError(f"internal error: {type(exc).__name__}: {exc}")))
-        finally:
-            self.answers.put(None)
-            self.device.close()
-            self.responder.join(timeout=10)
+HELLO_LIMITS = wire.Limits(max_header_bytes=16 << 10, max_tensors=0)
+"""A hello frame is small and carries no tensors."""
+MAX_REFUSALS = 8
+"""TLS refusals ("too many connections") delivered at once; beyond that a connection is just closed."""
+REFUSAL_SECONDS = 2.0
+"""Most time a TLS refusal may take (handshake and the error frame)."""
 
 
 class EmulatorServer:
@@ -182,24 +73,27 @@ class EmulatorServer:
         device: str = "cpu",
         queue_depth: int = 2,
         limits: wire.Limits = wire.Limits(),
-        hello_timeout: float = 10.0,
-        max_connections: int = 64,
+        connection_limits: GuardLimits = GuardLimits(),
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """Bind the listening socket. ``token`` must be non-empty. At most ``max_connections``
-        connections are open at once (the rest are closed on accept); each has ``hello_timeout``
-        seconds to authenticate."""
+        """Bind the listening socket. ``token`` must be non-empty (its strength is the command's
+        check, :func:`csrun.emulator.auth_token.check_token`). ``connection_limits``: pending
+        connections, hello deadline, idle limit. ``tls``: a server context to wrap every connection."""
         if not token:
             raise UserError("the emulator needs a non-empty token")
         self._token = token.encode()
         self.device = device
         self.queue_depth = queue_depth
         self.limits = limits
-        self.hello_timeout = hello_timeout
+        self.tls = tls
+        self.guard = Guard(connection_limits)
         self.stopping = False
         self._lock = threading.Lock()
         self._active: tuple[str, str] | None = None  # (job id, since)
         self._conns: set[socket.socket] = set()
-        self._slots = threading.Semaphore(max_connections)
+        self._refusers = threading.Semaphore(MAX_REFUSALS)
+        self._refused = 0
+        self._refused_logged = 0.0
         self._threads: list[threading.Thread] = []
         self._sock = socket.create_server((host, port), reuse_port=False)
         self._sock.settimeout(0.2)
@@ -212,28 +106,76 @@ class EmulatorServer:
 
     def serve_forever(self) -> None:
         """Accept connections until :meth:`shutdown`."""
-        log.info("listening on %s:%d (device %s)", self.address[0], self.address[1], self.device)
-        while not self.stopping:
+        log.info("listening on %s:%d (device %s%s)", self.address[0], self.address[1], self.device,
+                 ", TLS" if self.tls else "")
+        self.guard.start()
+        try:
+            while not self.stopping:
+                try:
+                    conn, addr = self._sock.accept()
+                except (TimeoutError, socket.timeout):
+                    continue
+                except OSError as exc:
+                    if self.stopping:
+                        break
+                    log.warning("accept failed (%s); retrying", exc)  # e.g. out of file descriptors
+                    time.sleep(0.1)
+                    continue
+                self._admit(conn, f"{addr[0]}:{addr[1]}")
+        finally:
+            self.guard.stop()
+            self._sock.close()
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        """Start serving a new connection, or refuse it when the pending table is full."""
+        if self.tls is not None:
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        entry = self.guard.admit(conn, peer)
+        if entry is None:
+            self._refuse(conn, peer)
+            return
+        t = threading.Thread(target=self._serve_conn, args=(conn, peer, entry), name="cs-emulator-conn", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()]
+        self._threads.append(t)
+        t.start()
+
+    def _refuse(self, conn: socket.socket, peer: str) -> None:
+        """Tell a connection over the limit so, without a thread when there is no TLS."""
+        limit = self.guard.limits.max_pending
+        frame = handshake.refusal("overload", f"too many connections: {limit} are waiting to authenticate, "
+                                              "the most this system admits; try again shortly")
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= 1.0:
+            log.warning("%s: refused, too many connections waiting to authenticate (%d refused so far)",
+                        peer, self._refused)
+            self._refused_logged = now
+        if self.tls is None:
             try:
-                conn, addr = self._sock.accept()
-            except (TimeoutError, socket.timeout):
-                continue
-            except OSError as exc:
-                if self.stopping:
-                    break
-                log.warning("accept failed (%s); retrying", exc)  # e.g. out of file descriptors
-                time.sleep(0.1)
-                continue
-            peer = f"{addr[0]}:{addr[1]}"
-            if not self._slots.acquire(blocking=False):
-                log.warning("%s: too many connections, closing", peer)
+                conn.setblocking(False)
+                wire.send_frame(conn, frame)  # the server speaks first: nothing unread, no reset
+            except OSError:
+                pass
+            conn.close()
+            return
+        if not self._refusers.acquire(blocking=False):
+            conn.close()
+            return
+        entry = self.guard.watch_refusal(conn, peer, REFUSAL_SECONDS)
+
+        def deliver() -> None:
+            try:
+                conn.settimeout(REFUSAL_SECONDS)
+                conn.do_handshake()
+                wire.send_frame(conn, frame)
+            except (OSError, ValueError):
+                pass
+            finally:
+                self.guard.release(entry)
                 conn.close()
-                continue
-            t = threading.Thread(target=self._serve_conn, args=(conn, peer), name="cs-emulator-conn", daemon=True)
-            self._threads = [x for x in self._threads if x.is_alive()]
-            self._threads.append(t)
-            t.start()
-        self._sock.close()
+                self._refusers.release()
+
+        threading.Thread(target=deliver, name="cs-emulator-refuse", daemon=True).start()
 
     def start(self) -> threading.Thread:
         """Serve on a background thread (tests, embedding); returns the thread."""
@@ -251,64 +193,87 @@ class EmulatorServer:
         with self._lock:
             conns = list(self._conns)
         for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            cut(c)
         for t in list(self._threads):
             t.join(timeout)
+        self.guard.stop()
 
-    def _hello(self, conn: socket.socket, peer: str) -> str | None:
-        """Authenticate; returns the job id, or None after answering and logging a refusal."""
-        header, _ = wire.recv_frame(conn, wire.Limits(max_header_bytes=min(self.limits.max_header_bytes, 64 << 10),
-                                                      max_tensors=0))
+    def _hello(self, conn: socket.socket, peer: str, entry: Pending) -> str | None:
+        """Greet, check the client's proof, claim the system; returns the job id, or None after
+        answering and logging a refusal."""
+        server_nonce = handshake.new_nonce()
+        wire.send_frame(conn, handshake.greeting(server_nonce))
+        header, _ = wire.recv_frame(conn, HELLO_LIMITS)
         if header.get("op") != "hello":
             raise ProtocolError("the first frame must be hello")
-        token = header.get("token")
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
-            log.warning("%s: authentication failed (wrong or missing token)", peer)
-            wire.send_frame(conn, {"op": "error", "seq": None, "kind": "auth",
-                                   "message": "authentication failed: the token does not match this system's"})
+        version = header.get("version")
+        if version != PROTOCOL_VERSION:
+            log.warning("%s: refused a client speaking wire protocol %r (this server speaks %d)",
+                        peer, version, PROTOCOL_VERSION)
+            wire.send_frame(conn, handshake.refusal(
+                "version", f"this cs_emulator speaks wire protocol {PROTOCOL_VERSION}, the client {version!r}: "
+                           "use the same csrun version on both sides"))
             return None
-        job_id = header.get("job_id")
-        if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_ID_CHARS:
-            raise ProtocolError("hello needs a job_id string")
-        if header.get("version") != PROTOCOL_VERSION:
-            wire.send_frame(conn, {"op": "error", "seq": None, "kind": "protocol",
-                                   "message": f"protocol version {header.get('version')!r} is not {PROTOCOL_VERSION}"})
+        job_id = handshake.check_job_id(header.get("job_id"))
+        client_nonce = handshake.check_nonce(header.get("nonce"), "client")
+        expected = handshake.proof(self._token, "client", server_nonce, client_nonce, job_id)
+        if not handshake.proof_matches(expected, header.get("proof")):
+            log.warning("%s: authentication failed (wrong token) for job %r", peer, job_id)
+            wire.send_frame(conn, handshake.refusal(
+                "auth", "authentication failed: the token does not match this system's"))
             return None
+        self.guard.release(entry)  # authenticated: off the pending table and its deadline
         with self._lock:
             if self._active is not None:
                 job, since = self._active
                 log.info("%s: job %s refused, system busy with job %s", peer, job_id, job)
-                wire.send_frame(conn, {"op": "error", "seq": None, "kind": "busy",
-                                       "message": f"system busy: in use by job {job} since {since}"})
+                wire.send_frame(conn, handshake.refusal("busy", f"system busy: in use by job {job} since {since}"))
                 return None
             since = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
             self._active = (job_id, since)
-        wire.send_frame(conn, {"op": "ok", "seq": None, "version": PROTOCOL_VERSION})
+        try:
+            wire.send_frame(conn, {
+                "op": "ok", "seq": None, "version": PROTOCOL_VERSION,
+                "proof": handshake.proof(self._token, "server", server_nonce, client_nonce, job_id),
+                "idle_limit": self.guard.limits.idle_limit,
+            })
+        except BaseException:
+            with self._lock:
+                self._active = None
+            raise
         return job_id
 
-    def _serve_conn(self, conn: socket.socket, peer: str) -> None:
+    def _serve_conn(self, conn: socket.socket, peer: str, entry: Pending) -> None:
         with self._lock:
             self._conns.add(conn)
-        holder = False
+        session: Session | None = None
+        job_id: str | None = None
         try:
-            conn.settimeout(self.hello_timeout)
-            job_id = self._hello(conn, peer)
+            conn.settimeout(self.guard.limits.hello_deadline)  # per operation; the guard holds the deadline
+            if isinstance(conn, ssl.SSLSocket):
+                conn.do_handshake()
+            job_id = self._hello(conn, peer, entry)
             if job_id is None:
                 return
-            holder = True
             conn.settimeout(None)
             wire.tune_socket(conn)
             log.info("job %s (%s) holds the system", job_id, peer)
-            _Session(self, conn, peer, job_id).run()
-        except (ProtocolError, EOFError, OSError, TimeoutError) as exc:
-            log.warning("%s: closing the connection: %s", peer, exc or type(exc).__name__)
+            session = Session(conn, peer, job_id, device=self.device, queue_depth=self.queue_depth,
+                              limits=self.limits, idle_limit=self.guard.limits.idle_limit,
+                              stopping=lambda: self.stopping)
+            self.guard.hold(session)
+            session.run()
+        except (ProtocolError, EOFError, OSError, TimeoutError, ValueError) as exc:
+            reason = entry.reason or (f"TLS handshake failed ({exc})" if isinstance(exc, ssl.SSLError)
+                                      else exc or type(exc).__name__)
+            log.warning("%s: closing the connection: %s", peer, reason)
         except Exception:  # noqa: BLE001 - never take the server down
             log.exception("%s: closing the connection after an internal error", peer)
         finally:
-            if holder:
+            self.guard.release(entry)
+            if session is not None:
+                self.guard.hold(None)
+            if job_id is not None:
                 with self._lock:
                     self._active = None
                 log.info("%s: system free", peer)
@@ -318,4 +283,3 @@ class EmulatorServer:
                 conn.close()
             except OSError:
                 pass
-            self._slots.release()

@@ -2,7 +2,7 @@
 
 Frame layout (all integers big-endian)::
 
-    b"CSE1"  magic and version            4 bytes
+    b"CSE1"  magic (the frame layout's)   4 bytes
     H        header length                4 bytes, <= Limits.max_header_bytes
     header   UTF-8 JSON object            H bytes
     buffers  raw tensor bytes, back to back, in the order of header["tensors"]
@@ -14,6 +14,10 @@ anything is read. Buffers become tensors with ``torch.frombuffer``; nothing is e
 Structured values (a batch, a state dict) travel as JSON with tensors replaced by
 ``{"$t": index}``; tuples as ``{"$tuple": [...]}``; mappings with non-string keys as
 ``{"$map": [[key, value], ...]}`` (:func:`encode` / :func:`decode`).
+
+The session protocol's version (:data:`PROTOCOL_VERSION`) travels in the hello
+(:mod:`csrun.emulator.handshake`); version 2 replaced the token in the hello with a
+challenge-response and added ``ping`` keep-alives.
 """
 
 from __future__ import annotations
@@ -23,15 +27,15 @@ import math
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from csrun.emulator.errors import ProtocolError
 
 MAGIC = b"CSE1"
-PROTOCOL_VERSION = 1
-"""Version carried in the hello; a server refuses a client speaking another."""
+PROTOCOL_VERSION = 2
+"""Version carried in the hello; each side refuses a peer speaking another, naming both versions."""
 _PREFIX = struct.Struct(">4sI")
 
 DTYPES: dict[str, torch.dtype] = {
@@ -63,13 +67,23 @@ class Limits:
     """Dimensions of one tensor."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+class Link(Protocol):
+    """What frames travel over: a socket, a TLS socket, or a wrapper around one."""
+
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
+        """Receive up to ``nbytes`` into ``buffer``; 0 at the end of the stream."""
+
+    def sendall(self, data: Any) -> None:
+        """Send all of ``data``."""
+
+
+def _recv_exact(sock: Link, n: int) -> bytearray:
     buf = bytearray(n)
     _recv_into(sock, memoryview(buf))
     return buf
 
 
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
+def _recv_into(sock: Link, view: memoryview) -> None:
     n = len(view)
     got = 0
     while got < n:
@@ -107,7 +121,7 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())
 
 
-def send_frame(sock: socket.socket, header: dict[str, Any], tensors: list[torch.Tensor] | None = None) -> None:
+def send_frame(sock: Link, header: dict[str, Any], tensors: list[torch.Tensor] | None = None) -> None:
     """Send one frame: ``header`` (JSON-able; its ``tensors`` key is filled in) and the buffers."""
     tensors = tensors or []
     header = dict(header)
@@ -121,7 +135,7 @@ def send_frame(sock: socket.socket, header: dict[str, Any], tensors: list[torch.
             sock.sendall(b)
 
 
-def recv_frame(sock: socket.socket, limits: Limits, *, max_tensor_bytes: int | None = None) -> tuple[dict[str, Any], list[torch.Tensor]]:
+def recv_frame(sock: Link, limits: Limits, *, max_tensor_bytes: int | None = None) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """Receive one frame, enforcing ``limits``; raises :class:`ProtocolError` or ``EOFError``.
 
     A ``load`` frame's single buffer is held to ``max_program_bytes`` instead of the tensor and

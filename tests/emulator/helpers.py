@@ -96,9 +96,21 @@ def input_specs(batch: Any) -> tuple[TensorSpec, ...]:
                  for p, t in leaves)
 
 
+def raw_hello(sock: Any, token: str, job: str) -> dict[str, Any]:
+    """The client's side of the hello on a raw socket (no keep-alives follow); returns the server's answer."""
+    from csrun.emulator import handshake, wire
+
+    greeting, _ = wire.recv_frame(sock, wire.Limits())
+    if greeting.get("op") != "challenge":
+        return greeting
+    wire.send_frame(sock, handshake.hello(token.encode(), greeting["nonce"], job))
+    answer, _ = wire.recv_frame(sock, wire.Limits())
+    return answer
+
+
 def quiet(_msg: str) -> None:
     """A notice sink."""
 
 
-__all__ = ["MLP", "TinyTransformer", "mlp_batches", "lm_batches", "make_program", "make_spec", "eager_losses", "quiet", "input_specs",
+__all__ = ["MLP", "TinyTransformer", "mlp_batches", "lm_batches", "make_program", "make_spec", "eager_losses", "quiet", "raw_hello", "input_specs",
            "OptimizerSpec", "ProgramSpec", "LossScalingSpec"]

@@ -27,7 +27,7 @@ from csrun.emulator.errors import AuthenticationFailed, ProgramRejected, SpecErr
 from csrun.emulator.program import load_program, save_program
 from csrun.emulator.server import EmulatorServer
 
-from .helpers import MLP, make_program, mlp_batches
+from .helpers import MLP, make_program, mlp_batches, raw_hello
 
 TOKEN = "s3cret-token"
 REPO = Path(__file__).resolve().parents[2]
@@ -109,8 +109,7 @@ def _closed_soon(s: socket.socket) -> bool:
 
 
 def _hello(s: socket.socket, token: str = TOKEN, job: str = "fuzz") -> None:
-    wire.send_frame(s, {"op": "hello", "token": token, "job_id": job, "version": wire.PROTOCOL_VERSION})
-    head, _ = wire.recv_frame(s, wire.Limits())
+    head = raw_hello(s, token, job)
     assert head["op"] == "ok", head
 
 

@@ -1,0 +1,166 @@
+"""Opening a link to ``cs_emulator``: TCP with retries, optional TLS, the client's side of the hello.
+
+:func:`open_link` retries while nobody listens yet and while the server answers "too many
+connections", for up to ``timeout`` seconds; every other refusal is final and says what to do:
+a wrong token, a busy system, another protocol version, a certificate the CA file does not
+trust, a server that cannot prove it holds the token. Every message names the server's address.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from csrun.address import Address
+from csrun.emulator import handshake, wire
+from csrun.emulator.errors import (
+    AuthenticationFailed,
+    ProtocolError,
+    SystemBusy,
+    SystemUnreachable,
+    TooManyConnections,
+    VersionMismatch,
+)
+from csrun.emulator.tls import CA_ENV, ClientTLS, describe
+from csrun.errors import UserError
+
+HELLO_LIMITS = wire.Limits(max_header_bytes=16 << 10, max_tensors=0)
+"""Frames of the hello are small and carry no tensors."""
+
+
+@dataclass(frozen=True)
+class OpenLink:
+    """An authenticated connection and what the server told the client in its answer."""
+
+    sock: socket.socket
+    idle_limit: float
+    """The server's idle limit in seconds (0: none); the client keeps the link busier than that."""
+
+
+class _Retry(Exception):
+    """An attempt failed in a way worth retrying until the deadline; ``final`` is raised then."""
+
+    def __init__(self, final: UserError) -> None:
+        super().__init__(str(final))
+        self.final = final
+
+
+def open_link(host: str, port: int, token: str, job_id: str, *, timeout: float,
+              tls: ClientTLS | None) -> OpenLink:
+    """Connect to ``host:port`` and authenticate as ``job_id``, retrying for up to ``timeout`` s."""
+    where = str(Address(host, port))
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        try:
+            return _attempt(host, port, where, token.encode(), job_id, timeout, tls)
+        except _Retry as retry:
+            if time.monotonic() + delay > deadline:
+                raise retry.final from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def _attempt(host: str, port: int, where: str, token: bytes, job_id: str, timeout: float,
+             tls: ClientTLS | None) -> OpenLink:
+    try:
+        raw = socket.create_connection((host, port), timeout=max(1.0, min(5.0, timeout)))
+    except OSError:
+        raise _Retry(SystemUnreachable(f"could not reach the system at {where} (is cs_emulator running there?)")) from None
+    sock: socket.socket = raw
+    try:
+        wire.tune_socket(raw)
+        raw.settimeout(max(timeout, 10.0))
+        if tls is not None:
+            sock = _wrap(raw, host, where, tls)
+        link = _hello(sock, where, token, job_id, tls)
+        sock.settimeout(None)
+        return link
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _wrap(raw: socket.socket, host: str, where: str, tls: ClientTLS) -> ssl.SSLSocket:
+    try:
+        return tls.context.wrap_socket(raw, server_hostname=tls.server_name or host)
+    except ssl.SSLCertVerificationError as exc:
+        raise AuthenticationFailed(
+            f"the system at {where} presented a certificate that {CA_ENV} does not let this client trust "
+            f"({describe(exc)})") from None
+    except ssl.SSLError as exc:
+        raise SystemUnreachable(
+            f"the TLS handshake with the system at {where} failed ({describe(exc)}): does it serve TLS "
+            f"(cs_emulator --tls-cert)? Unset {CA_ENV} for a server without TLS") from None
+    except (OSError, EOFError) as exc:
+        raise SystemUnreachable(f"the system at {where} closed the connection during the TLS handshake "
+                                f"({type(exc).__name__}: {exc})") from None
+
+
+def _receive(sock: socket.socket, where: str, stage: str, tls: ClientTLS | None) -> dict[str, Any]:
+    try:
+        header, _ = wire.recv_frame(sock, HELLO_LIMITS)
+        return header
+    except (socket.timeout, TimeoutError):
+        raise SystemUnreachable(f"the system at {where} did not answer {stage} in time") from None
+    except ssl.SSLError as exc:
+        raise SystemUnreachable(f"the TLS link to the system at {where} failed {stage} ({describe(exc)})") from None
+    except (OSError, EOFError) as exc:
+        hint = "" if tls is not None else (
+            f"; if it serves TLS, set {CA_ENV}; if it is an older cs_emulator, use the same csrun version on both sides")
+        raise SystemUnreachable(f"the system at {where} closed the connection {stage} "
+                                f"({type(exc).__name__}: {exc}){hint}") from None
+    except ProtocolError as exc:
+        raise SystemUnreachable(f"the system at {where} does not speak the cs_emulator protocol ({exc})") from None
+
+
+def _refused(header: dict[str, Any], where: str) -> UserError | _Retry:
+    """The error for a refusal frame of the hello."""
+    kind = header.get("kind")
+    msg = str(header.get("message", "no reason given"))
+    if kind == "overload":
+        return _Retry(TooManyConnections(f"the system at {where} refused the connection: {msg}"))
+    if kind == "busy":
+        return SystemBusy(f"{msg} (the system at {where})")
+    if kind == "auth":
+        return AuthenticationFailed(f"{msg} (the system at {where})")
+    if kind == "version":
+        return VersionMismatch(f"the system at {where} refused this client's protocol version "
+                               f"{wire.PROTOCOL_VERSION} ({msg}): use the same csrun version on both sides")
+    return SystemUnreachable(f"the system at {where} refused the connection: {msg}")
+
+
+def _hello(sock: socket.socket, where: str, token: bytes, job_id: str, tls: ClientTLS | None) -> OpenLink:
+    greeting = _receive(sock, where, "before greeting this client", tls)
+    if greeting.get("op") == "error":
+        raise _refused(greeting, where)
+    version = greeting.get("version")
+    if version != wire.PROTOCOL_VERSION:
+        raise VersionMismatch(f"the system at {where} speaks wire protocol {version!r}, this client "
+                              f"{wire.PROTOCOL_VERSION}: use the same csrun version on both sides")
+    if greeting.get("op") != "challenge":
+        raise SystemUnreachable(f"the system at {where} does not speak the cs_emulator protocol "
+                                f"(greeting {greeting.get('op')!r})")
+    try:
+        server_nonce = handshake.check_nonce(greeting.get("nonce"), "server")
+    except ProtocolError as exc:
+        raise SystemUnreachable(f"the system at {where} sent a malformed greeting ({exc})") from None
+    hello = handshake.hello(token, server_nonce, job_id)
+    try:
+        wire.send_frame(sock, hello)
+    except OSError as exc:
+        raise SystemUnreachable(f"the system at {where} closed the connection during the hello ({exc})") from None
+    answer = _receive(sock, where, "during the hello", tls)
+    if answer.get("op") == "error":
+        refusal = _refused(answer, where)
+        raise refusal.final if isinstance(refusal, _Retry) else refusal
+    expected = handshake.proof(token, "server", server_nonce, hello["nonce"], job_id)
+    if answer.get("op") != "ok" or not handshake.proof_matches(expected, answer.get("proof")):
+        raise AuthenticationFailed(f"the system at {where} did not prove that it holds the token: it is not "
+                                   "the cs_emulator this token belongs to (check --cs_ip / CS_IP)")
+    idle = answer.get("idle_limit", 0)
+    idle_limit = float(idle) if isinstance(idle, (int, float)) and not isinstance(idle, bool) and idle > 0 else 0.0
+    return OpenLink(sock, idle_limit)

@@ -1,0 +1,94 @@
+"""The hello: HMAC-SHA256 challenge-response between ``cs_emulator`` and a client.
+
+The token never travels. The exchange (frames as in :mod:`csrun.emulator.wire`)::
+
+    server -> client  {"op": "challenge", "version": 2, "nonce": Ns, "message": ...}
+    client -> server  {"op": "hello", "version": 2, "job_id": J, "nonce": Nc,
+                       "proof": HMAC(token, "csrun-emulator/2 client" | Ns | Nc | J)}
+    server -> client  {"op": "ok", "version": 2, "idle_limit": S,
+                       "proof": HMAC(token, "csrun-emulator/2 server" | Ns | Nc | J)}
+                   or {"op": "error", "version": 2, "kind": "auth" | "busy" | "version" | ..., "message"}
+
+Nonces are 32 random bytes (hex) from :mod:`secrets`, fresh per connection on both sides, so a
+recorded exchange cannot be replayed and neither side can be made to sign a value of the other's
+choosing alone. The server proves it knows the token too (mutual authentication): a client never
+uploads a program to a listener that merely accepted the connection. The server speaks first, so a
+connection it refuses ("too many connections") hears why before the client has sent a byte.
+
+A passive observer sees both nonces, the job id and the two proofs: enough to test guesses of the
+token offline, which is why ``cs_emulator`` refuses short or repetitive tokens. Without TLS an
+on-path attacker can still read or take over an authenticated session (see README, Security).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import Any
+
+from csrun.emulator.errors import ProtocolError
+from csrun.emulator.wire import PROTOCOL_VERSION
+
+NONCE_BYTES = 32
+"""Random bytes in each side's nonce."""
+MAX_JOB_ID_CHARS = 256
+"""Longest job id a hello may carry."""
+_DOMAIN = f"csrun-emulator/{PROTOCOL_VERSION}"
+
+GREETING_MESSAGE = (
+    f"cs_emulator speaks wire protocol {PROTOCOL_VERSION} (challenge-response hello); "
+    "this client is older: use the same csrun version on both sides"
+)
+"""Carried in the greeting: a client of protocol 1 reads the greeting as its hello's answer and shows this."""
+
+
+def new_nonce() -> str:
+    """A fresh nonce (hex)."""
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def check_nonce(value: Any, who: str) -> str:
+    """``value`` if it is a well-formed nonce (hex of :data:`NONCE_BYTES` bytes); else ProtocolError."""
+    if not isinstance(value, str) or len(value) != 2 * NONCE_BYTES:
+        raise ProtocolError(f"the {who}'s nonce is malformed")
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        raise ProtocolError(f"the {who}'s nonce is not hex") from None
+    return value
+
+
+def check_job_id(value: Any) -> str:
+    """``value`` if it is a usable job id (a non-empty string of at most 256 characters)."""
+    if not isinstance(value, str) or not value or len(value) > MAX_JOB_ID_CHARS:
+        raise ProtocolError(f"hello needs a job_id string of 1 to {MAX_JOB_ID_CHARS} characters")
+    return value
+
+
+def proof(token: bytes, role: str, server_nonce: str, client_nonce: str, job_id: str) -> str:
+    """HMAC-SHA256 (hex) by ``role`` (``client`` or ``server``) over both nonces and the job id."""
+    msg = "\0".join((_DOMAIN, role, server_nonce, client_nonce, job_id)).encode()
+    return hmac.new(token, msg, hashlib.sha256).hexdigest()
+
+
+def proof_matches(expected: str, given: Any) -> bool:
+    """Constant-time comparison of a received proof with the expected one."""
+    return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode())
+
+
+def greeting(server_nonce: str) -> dict[str, Any]:
+    """The server's first frame on a connection it accepts."""
+    return {"op": "challenge", "version": PROTOCOL_VERSION, "nonce": server_nonce, "message": GREETING_MESSAGE}
+
+
+def refusal(kind: str, message: str) -> dict[str, Any]:
+    """An error frame of the hello (``kind``: auth, busy, version, overload, deadline)."""
+    return {"op": "error", "seq": None, "version": PROTOCOL_VERSION, "kind": kind, "message": message}
+
+
+def hello(token: bytes, server_nonce: str, job_id: str) -> dict[str, Any]:
+    """The client's hello answering a greeting with ``server_nonce``."""
+    client_nonce = new_nonce()
+    return {"op": "hello", "version": PROTOCOL_VERSION, "job_id": job_id, "nonce": client_nonce,
+            "proof": proof(token, "client", server_nonce, client_nonce, job_id)}
