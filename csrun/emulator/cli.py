@@ -74,6 +74,10 @@ Environment:
 ``CSRUN_EMULATOR_TLS_NAME``
     Read by clients: the name the server's certificate must carry, when it is not the host of
     ``--cs_ip`` (for example a DNS name while connecting by IP address).
+``CSRUN_HALF_EMULATION``
+    How programs in float16 / bfloat16 compute: ``rounding`` (the default on CPU: float32
+    kernels with the values rounded where a 16-bit datapath rounds, see
+    :mod:`csrun.emulator.half_emulation`) or ``autocast`` (16-bit kernels; the default on CUDA).
 
 Signals: SIGTERM and SIGINT stop the server cleanly (connections are closed, exit status 0).
 Exit status: 0 after a clean stop, 2 for a bad option or value (an insecure token, token file or

@@ -21,7 +21,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from csrun.compiler.spec import ProgramSpec
-from csrun.emulator import loss_scaling, optimizers, precision, schedules
+from csrun.emulator import half_emulation, loss_scaling, optimizers, precision, schedules
 from csrun.emulator.errors import SpecError
 
 log = logging.getLogger("csrun.emulator")
@@ -125,6 +125,7 @@ class Engine:
         drop_metadata_asserts(module)
         if self.precision == "cbfloat16":
             precision.apply_cbfloat16(module)
+        self.half_weights = self._emulate_half(module)
         module.to(self.device)
         _move_constants(module, self.device)
         with torch.no_grad():
@@ -144,6 +145,8 @@ class Engine:
                             fresh[id(b)] = b.clone()
                         mod._buffers[name] = fresh[id(b)]
         self.module = module
+        if self.half_weights is not None:
+            self.half_weights.bind()  # the leaves follow the fresh weights
         self.named_params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named_params]
         self.global_step = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -174,6 +177,30 @@ class Engine:
             optimizers.preinitialize_state(self.optimizer)
         # train/eval behaviour (dropout, batch norm) is fixed in the captured graph; the
         # unlifted module refuses .train()/.eval(), so nothing is switched here.
+
+    def _emulate_half(self, module: torch.fx.GraphModule) -> half_emulation.HalfWeights | None:
+        """For float16 / bfloat16 in ``rounding`` mode, rewrite ``module`` to compute on float32
+        kernels (:mod:`csrun.emulator.half_emulation`) and return its weights' 16-bit copies; None
+        when it runs under autocast. A graph the dtype probe cannot run keeps autocast, with a notice."""
+        if self.precision not in ("float16", "bfloat16"):
+            return None
+        if half_emulation.half_emulation_mode(self.device) != "rounding":
+            return None
+        dtype = getattr(torch, self.precision)
+        try:
+            dtypes = half_emulation.autocast_dtypes(module, dtype, self.device.type)
+        except Exception as exc:  # noqa: BLE001 - any probe failure: keep the 16-bit kernels
+            self.notice(f"{self.precision} emulation by rounding is not possible for this program "
+                        f"({type(exc).__name__}: {exc}); running it under autocast")
+            return None
+        return half_emulation.apply_half_emulation(module, dtype, dtypes)
+
+    def _forward_context(self) -> Any:
+        """autocast for 16-bit compute on 16-bit kernels; nothing when the graph rounds itself."""
+        if self.half_weights is not None:
+            self.half_weights.refresh()
+            return precision.forward_context("float32", self.device)
+        return precision.forward_context(self.precision, self.device)
 
     @property
     def step(self) -> int:
@@ -212,7 +239,7 @@ class Engine:
         """
         inputs = self._to_device(batch)
         if not self.training:
-            with torch.no_grad(), precision.forward_context(self.precision, self.device):
+            with torch.no_grad(), self._forward_context():
                 loss, extra = _split_outputs(self.module(inputs))
             return {"loss": loss.detach().float(), **{k: v.detach() if isinstance(v, torch.Tensor) else v
                                                       for k, v in extra.items()}}
@@ -221,7 +248,7 @@ class Engine:
             raise RuntimeError("train engine without optimizer, schedule or scaler")
         lr = schedule(self._step)
         scale = scaler.scale
-        with precision.forward_context(self.precision, self.device):
+        with self._forward_context():
             loss, extra = _split_outputs(self.module(inputs))
         loss = loss.float()
         out: dict[str, Any] = {
@@ -235,6 +262,8 @@ class Engine:
         if publish is not None:
             publish(out)
         (loss * scale if scale != 1.0 else loss).backward()
+        if self.half_weights is not None:
+            self.half_weights.gradients_to_masters()
         grads = [p.grad for p in self.params if p.grad is not None]
         overflow = scaler.unscale_and_check(grads)
         if not overflow:

@@ -53,7 +53,9 @@ launched by ``csrun_wse`` (``CSRUN_LAUNCHER=csrun_wse``) without ``--cpu`` (then
 runs embedded in the chief); otherwise the **CPU** (eager PyTorch with the device's schedule
 and clipping). The system refuses ``train_and_eval`` and ``grad_accum_steps > 1`` ("Gradient
 Accumulation not supported on CS workflow."). Environment read: ``CS_IP``, ``CSRUN_LAUNCHER``
-(and what :mod:`csrun.torch` and :mod:`csrun.cluster` read).
+(and what :mod:`csrun.torch` and :mod:`csrun.cluster` read; the embedded emulator reads
+``CSRUN_HALF_EMULATION``: ``rounding``, the CPU default, or ``autocast``, see
+:mod:`csrun.emulator.half_emulation`).
 
 Run length: ``max_steps`` is the last global step; ``num_steps`` runs that many steps from the
 starting step (capped by max_steps); ``num_epochs`` runs to ``num_epochs * steps_per_epoch``

@@ -1,0 +1,233 @@
+"""float16 / bfloat16 compute emulated on float32 kernels, rounded where a 16-bit datapath rounds.
+
+``torch.autocast`` on a CPU runs the 16-bit ops on 16-bit kernels, which are 2-3x slower than
+float32 ones there. The system's datapath multiplies 16-bit values and accumulates in float32;
+the product of two float16 (or bfloat16) values is exact in float32, so the same numbers come
+out of float32 kernels when the values are rounded where the datapath rounds:
+
+- **operands**: every floating value that autocast would cast down for an op (inputs, weights
+  as they are read, float32 activations entering a matmul) is rounded to the 16-bit format;
+- **outputs**: every value such an op produces is rounded to the 16-bit format (overflow gives
+  ``inf`` as it does in float16), so later ops see what they would have seen under autocast;
+- **the op itself** computes in float32 (a float32-accumulating datapath), which differs from
+  autocast only in summation order;
+- **gradients**: the rounding's backward rounds the gradient to the 16-bit format, as the
+  gradient of a 16-bit value is a 16-bit value under autocast; so a float16 gradient overflows
+  to ``inf`` at the same magnitudes, and loss scaling behaves as it does under autocast.
+
+Which op runs low, and which values autocast casts, is not guessed from a list: the program's
+graph is run once under ``torch.autocast`` on fake tensors (no data, no state touched) and each
+node's dtype is read off. Ops that only move or select values (views, ``relu``, ``cat``, ...)
+produce exact 16-bit values from 16-bit inputs and get no output rounding.
+
+:func:`half_emulation_mode` reads ``CSRUN_HALF_EMULATION``: ``rounding`` (this module, the
+default on CPU) or ``autocast`` (16-bit kernels, the default on CUDA, where they are fast).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import warnings
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Interpreter, Node
+
+from csrun.emulator.errors import SpecError
+
+ENV = "CSRUN_HALF_EMULATION"
+MODES = ("rounding", "autocast")
+
+_aten = torch.ops.aten
+EXACT_OPS = frozenset({
+    _aten.view, _aten._unsafe_view, _aten.reshape, _aten.t, _aten.transpose, _aten.permute, _aten.expand,
+    _aten.squeeze, _aten.unsqueeze, _aten.unflatten, _aten.flatten, _aten.clone, _aten.contiguous,
+    _aten.detach, _aten.alias, _aten.slice, _aten.select, _aten.narrow, _aten.index_select, _aten.gather,
+    _aten.cat, _aten.stack, _aten.split, _aten.split_with_sizes, _aten.chunk, _aten.unbind, _aten.relu,
+    _aten.neg, _aten.abs, _aten.max_pool2d, _aten.max_pool2d_with_indices, _aten.repeat, _aten.embedding,
+})
+"""Op packets whose outputs are exact 16-bit values when their floating inputs are."""
+
+
+def half_emulation_mode(device: torch.device) -> str:
+    """``CSRUN_HALF_EMULATION`` if set (``rounding`` or ``autocast``), else the device's default."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if not value:
+        return "rounding" if device.type == "cpu" else "autocast"
+    if value not in MODES:
+        raise SpecError(f"{ENV}={os.environ[ENV]!r} is not a mode; use one of: {', '.join(MODES)}")
+    return value
+
+
+def round_half(x: Any, dtype: torch.dtype) -> Any:
+    """Round a float32 tensor to ``dtype`` (float16 / bfloat16), returned as float32; anything else passes.
+
+    Two casts, whose autograd is the rounding of the gradient: the backward of ``.to(float32)``
+    casts the gradient down to ``dtype``, that of ``.to(dtype)`` casts it back up.
+    """
+    if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
+        return x.to(dtype).to(torch.float32)
+    return x
+
+
+class _DtypeProbe(Interpreter):
+    """Runs a graph and keeps the dtype of every tensor a node produces."""
+
+    def __init__(self, module: GraphModule) -> None:
+        super().__init__(module)
+        self.dtypes: dict[Node, torch.dtype] = {}
+
+    def run_node(self, n: Node) -> Any:  # noqa: D102
+        result = super().run_node(n)
+        if isinstance(result, torch.Tensor):
+            self.dtypes[n] = result.dtype
+        return result
+
+
+def autocast_dtypes(module: GraphModule, dtype: torch.dtype, device_type: str = "cpu") -> dict[Node, torch.dtype]:
+    """Each node's output dtype when ``module`` runs under ``torch.autocast(dtype)``, found on fake
+    tensors shaped like the placeholders' captured values (no data read, no state changed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    probe = _DtypeProbe(module)
+    with mode, torch.autocast(device_type, dtype=dtype):
+        inputs = []
+        for n in placeholders:
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                inputs.append(torch.empty(tuple(int(d) for d in val.shape), dtype=val.dtype))
+            else:
+                inputs.append(val)
+        probe.run(*inputs)
+    return probe.dtypes
+
+
+def _packet(node: Node) -> Any:
+    return getattr(node.target, "overloadpacket", node.target)
+
+
+def _exact(node: Node) -> bool:
+    """Does ``node`` produce exact 16-bit values from 16-bit inputs?"""
+    if node.target is operator.getitem:
+        source = node.args[0]
+        return isinstance(source, Node) and _packet(source) in EXACT_OPS
+    return _packet(node) in EXACT_OPS
+
+
+def _attr(module: torch.nn.Module, target: str) -> Any:
+    owner: Any = module
+    for part in target.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
+class HalfWeights:
+    """The 16-bit copies of the weights a program's 16-bit ops read, rounded once per step.
+
+    Rounding each weight inside the graph costs two casts forward and two backward per weight;
+    for a small model that is most of the emulation's cost. Here all of them are rounded in
+    two ``_foreach_copy_`` calls before the forward (:meth:`refresh`, float32 master → 16-bit →
+    float32 leaf the graph reads), and after the backward each leaf's gradient is rounded to the
+    16-bit format and added to its master's (:meth:`gradients_to_masters`): what autocast does
+    when it casts a weight down and its gradient back up.
+    """
+
+    PREFIX = "_csrun_half_weight_"
+
+    def __init__(self, module: GraphModule, dtype: torch.dtype, targets: list[str]) -> None:
+        """``targets``: the weights' attribute paths in ``module``, in the order of the leaves' names."""
+        self.module = module
+        self.dtype = dtype
+        self.targets = targets
+        self.masters: list[torch.Tensor] = []
+        self.leaves: list[torch.Tensor] = []
+        self._low: list[torch.Tensor] = []
+        self.bind()
+
+    def bind(self) -> None:
+        """(Re)create the leaves for the module's current weight tensors (call after they are replaced)."""
+        self.masters = [_attr(self.module, t) for t in self.targets]
+        self.leaves = [torch.zeros_like(m, dtype=torch.float32, requires_grad=m.requires_grad) for m in self.masters]
+        self._low = [torch.empty_like(m, dtype=self.dtype) for m in self.masters]
+        for i, leaf in enumerate(self.leaves):
+            setattr(self.module, f"{self.PREFIX}{i}", leaf)
+
+    def refresh(self) -> None:
+        """Round the masters' current values into the leaves."""
+        if self.masters:
+            with torch.no_grad():
+                torch._foreach_copy_(self._low, self.masters)
+                torch._foreach_copy_(self.leaves, self._low)
+
+    def gradients_to_masters(self) -> None:
+        """Round each leaf's gradient to the 16-bit format and add it to its master's gradient."""
+        pairs = [(leaf, m, low) for leaf, m, low in zip(self.leaves, self.masters, self._low) if leaf.grad is not None]
+        if not pairs:
+            return
+        grads = [leaf.grad for leaf, _, _ in pairs]
+        low = [buffer for _, _, buffer in pairs]  # the weights' 16-bit buffers are free until the next refresh
+        with torch.no_grad():
+            torch._foreach_copy_(low, grads)
+            torch._foreach_copy_(grads, low)
+        for leaf, master, _ in pairs:
+            if master.grad is None:
+                master.grad = leaf.grad
+            else:
+                master.grad.add_(leaf.grad)
+            leaf.grad = None
+
+
+def apply_half_emulation(module: GraphModule, dtype: torch.dtype,
+                         dtypes: dict[Node, torch.dtype] | None = None) -> HalfWeights:
+    """Rewrite ``module`` in place so that it computes ``dtype`` on float32 kernels (see the module
+    docstring). The module then runs without autocast; call the returned :class:`HalfWeights`'
+    ``refresh`` before each forward and ``gradients_to_masters`` after each backward.
+    ``dtypes`` is :func:`autocast_dtypes`' answer if already known."""
+    low = dtypes if dtypes is not None else autocast_dtypes(module, dtype)
+    graph = module.graph
+    rounded: dict[Node, Node] = {}  # a value's one rounded copy (operands shared by several ops)
+    inserted: set[Node] = set()
+    weights: list[str] = []
+
+    def is_low(n: Node) -> bool:
+        return n in inserted or low.get(n) == dtype
+
+    def rounding_of(n: Node) -> Node:
+        if n not in rounded:
+            value = _attr(module, str(n.target)) if n.op == "get_attr" else None
+            if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
+                name = f"{HalfWeights.PREFIX}{len(weights)}"
+                setattr(module, name, torch.zeros(()))
+                weights.append(str(n.target))
+                with graph.inserting_after(n), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # a plain tensor attribute, on purpose
+                    r = graph.get_attr(name)
+            else:
+                with graph.inserting_after(n):
+                    r = graph.call_function(round_half, (n, dtype))
+            r.meta = dict(n.meta)
+            rounded[n] = r
+            inserted.add(r)
+        return rounded[n]
+
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node in inserted or not is_low(node):
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype != torch.float32:
+            continue  # already 16-bit in the program itself (an explicit .half())
+        for inp in list(node.all_input_nodes):
+            if is_low(inp) or low.get(inp) != torch.float32:
+                continue  # already 16-bit, or not a floating value autocast would cast
+            node.replace_input_with(inp, rounding_of(inp))
+        if not _exact(node) and node.users and isinstance(val, torch.Tensor):
+            users = list(node.users)
+            r = rounding_of(node)
+            for u in users:
+                u.replace_input_with(node, r)
+    graph.lint()
+    module.recompile()
+    return HalfWeights(module, dtype, weights)
