@@ -248,6 +248,11 @@ class DeviceDriver:
         self.open_step = OpenStep(mode=self.mode, batch=batch, recorder=recorder, implicit=implicit)
         return wrapped
 
+    def dispatch_step(self) -> None:
+        """Send the open step to the device now, if one is open (its closures run at :meth:`end_step`)."""
+        if self.open_step is not None:
+            self._dispatch()
+
     def end_step(self, closures: list[StepClosure]) -> None:
         """The step's boundary: send it to the device (step 1: compile first), then run its closures."""
         if self.open_step is not None:

@@ -60,6 +60,10 @@ class Backend(Protocol):
     def prepare_batch(self, batch: Any) -> Any:
         """The batch as the step receives it."""
 
+    def dispatch_step(self) -> None:
+        """The step in the making is complete: start it on the device now (its closures run
+        later, at :meth:`end_step`, once the next batch has been fetched)."""
+
     def end_step(self, closures: list[StepClosure]) -> None:
         """A step ended: run its closures, in order."""
 
@@ -112,6 +116,9 @@ class EagerBackend:
     def prepare_batch(self, batch: Any) -> Any:
         """Return the batch unchanged."""
         return batch
+
+    def dispatch_step(self) -> None:
+        """Nothing to start: the user's Python ran the step."""
 
     def end_step(self, closures: list[StepClosure]) -> None:
         """Run the closures now, in order (``run_async`` too: there is nothing to overlap with)."""

@@ -4,7 +4,9 @@
 of the current step; ``@step_closure`` turns a function into one that queues itself when
 called. The step boundary is the chief's dataloader being asked for its next batch, the end
 of the loop, or the end of the session; closures of one step run in the order they were
-added, before the next batch is fetched. On the CPU they run inline; on a device the
+added, after the step has been sent to the device and the next batch fetched (so the input
+work overlaps the device's step, as the system's streamers ran ahead), and before the next
+step begins: a closure sees the state after its own step. On the CPU they run inline; on a device the
 backend first turns device tensors in ``args`` into CPU tensors (reading a device tensor
 anywhere else is an error on the system).
 """

@@ -167,9 +167,22 @@ class StreamingDataLoader:
 
     def _next(self) -> Any:
         st = state()
-        if self._in_step:
+        ending = self._in_step  # the step that just ended: on the device now, its closures after the fetch
+        if ending:
             self._in_step = False
-            end_step()
+            st.backend.dispatch_step()
+        try:
+            item = self._fetch(st)
+        finally:
+            if ending:
+                end_step()  # before the next step begins: the closures see their own step's state
+        if item is EPOCH_END:
+            return item
+        self._in_step = True
+        return st.backend.prepare_batch(item)
+
+    def _fetch(self, st: Any) -> Any:
+        """The next batch from the stream (or the epoch's end), timed as input wait."""
         if self._stream is None:
             if st.streaming:
                 raise UserError("iterate the dataloader inside `with cbtorch.Session(dataloader):` "
@@ -185,9 +198,8 @@ class StreamingDataLoader:
             self._last_return = None
             return item
         self.stats.batches += 1
-        self._in_step = True
         self._last_return = t1
-        return st.backend.prepare_batch(item)
+        return item
 
 
 class _Epoch:

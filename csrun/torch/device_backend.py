@@ -61,6 +61,10 @@ class DeviceBackend:
         """A new step: the batch's tensors become step values (sent at the step's boundary)."""
         return self.driver.begin_step(batch)
 
+    def dispatch_step(self) -> None:
+        """Send the step in the making to the device (compiling it first, on the first step)."""
+        self.driver.dispatch_step()
+
     def end_step(self, closures: list[StepClosure]) -> None:
         """Run the step's closures with their device tensors resolved."""
         self.driver.end_step(closures)

@@ -163,3 +163,42 @@ def test_validate_only_stops_after_the_first_step_with_exit_status_0(model_dir: 
     assert stop.value.code == 0 and steps == 1
     assert "Validation completed successfully!" in capsys.readouterr().out
     assert cbtorch.compile_info() is not None
+
+
+class _Recording(torch.utils.data.Dataset):
+    """The device-test dataset, noting each batch's fetch in ``events``."""
+
+    def __init__(self, events: list[tuple]) -> None:
+        self.inner, self.events = dataset(), events
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int):
+        if i % 8 == 0:
+            self.events.append(("fetch", i // 8))
+        return self.inner[i]
+
+
+@pytest.mark.parametrize("cs_ip", ["embedded", None], ids=["device", "cpu"])
+def test_the_next_batch_is_fetched_before_the_closures_which_see_their_own_step(model_dir: str, cs_ip) -> None:
+    events: list[tuple] = []
+    cbtorch.initialize(cs_ip, settings=settings(), model_dir=model_dir)
+    torch.manual_seed(1)
+    model = cbtorch.module(MLP())
+    opt = cbtorch.optimizer(sgd(model.parameters()))
+    loader = cbtorch.dataloader(DataLoader(_Recording(events), batch_size=8, drop_last=True))
+    with cbtorch.Session(loader, report=False):
+        for step, batch in enumerate(loader):
+            loss = model(batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            cbtorch.add_step_closure(
+                lambda n: events.append(("closure", n, cbtorch.get_state()["global_step"])), (step,))
+            if step == 3:
+                break
+    # batch n+1 is fetched (the input work overlaps the device's step n), then step n's closure
+    # runs, seeing the state after its own step; batch n+2 is not fetched before it
+    assert events[:7] == [("fetch", 0), ("fetch", 1), ("closure", 0, 1), ("fetch", 2), ("closure", 1, 2),
+                          ("fetch", 3), ("closure", 2, 3)]
