@@ -330,7 +330,10 @@ class Engine:
         if not load_optimizer:
             return
         if self.optimizer is not None and state.get("optimizer") is not None:
+            foreach = [g.get("foreach") for g in self.optimizer.param_groups]
             self.optimizer.load_state_dict(state["optimizer"])
+            for group, flag in zip(self.optimizer.param_groups, foreach):
+                group["foreach"] = flag  # how the update runs is the device's choice, not the checkpoint's
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         step = int(state.get("global_step", self._step))

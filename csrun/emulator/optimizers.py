@@ -181,6 +181,14 @@ def _map_legacy(name: str, hp: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+FOREACH_EXACT = frozenset({"sgd", "adam", "adamw", "adamax", "adadelta", "adagrad", "rmsprop", "rprop"})
+"""Optimizers run with ``foreach=True`` (one kernel per operation over all weights instead of a
+Python loop over them): their foreach and per-tensor updates are bit-for-bit the same
+(tests/emulator/test_optimizers.py checks it), so the device still equals an eager loop, which
+on a CPU uses the per-tensor path. ``adafactor``, ``asgd``, ``nadam`` and ``radam`` round
+differently in their foreach form and keep the per-tensor one."""
+
+
 def build_optimizer(
     optimizer_type: str,
     hyperparameters: dict[str, Any],
@@ -224,6 +232,8 @@ def build_optimizer(
         target: Any = [g for g in groups if g["params"]]
     else:
         target = params
+    if name in FOREACH_EXACT and "foreach" in valid and "foreach" not in kwargs:
+        kwargs["foreach"] = True
     try:
         return cls(target, lr=lr, **kwargs)
     except (TypeError, ValueError) as exc:

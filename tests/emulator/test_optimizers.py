@@ -97,3 +97,33 @@ def test_adamw_without_bias_correction_by_hand() -> None:
     opt.step()
     # m = 0.2, v = 0.004 -> step = 0.1 * 0.2 / sqrt(0.004) = 0.316227766; then p *= 1 - 0.1 * 0.5
     assert p.item() == pytest.approx((1.0 - 0.1 * 0.2 / 0.004**0.5) * 0.95, rel=1e-6)
+
+
+FOREACH_VARIANTS = [
+    ("sgd", {}), ("sgd", {"momentum": 0.9, "weight_decay": 0.01}), ("sgd", {"momentum": 0.9, "nesterov": True}),
+    ("adam", {}), ("adam", {"weight_decay": 0.01, "amsgrad": True}), ("adamw", {"weight_decay": 0.1}),
+    ("adamw", {"amsgrad": True}), ("adamax", {"weight_decay": 0.01}), ("adadelta", {}), ("adagrad", {"lr_decay": 0.01}),
+    ("rmsprop", {"momentum": 0.9, "centered": True}), ("rprop", {}),
+]
+
+
+@pytest.mark.parametrize("name,hp", FOREACH_VARIANTS, ids=[f"{n}-{'-'.join(h) or 'default'}" for n, h in FOREACH_VARIANTS])
+def test_foreach_updates_equal_eager_per_tensor_ones(name: str, hp: dict) -> None:
+    from csrun.emulator.optimizers import FOREACH_EXACT
+
+    assert name in FOREACH_EXACT
+    torch.manual_seed(0)
+    model, batches = MLP(), mlp_batches(5)
+    trained = []
+    for foreach in (None, False):  # the device's default (foreach) and what eager CPU torch runs
+        ref = copy.deepcopy(model)
+        opt = build_optimizer(name, dict(hp) if foreach is None else {**hp, "foreach": False},
+                              list(ref.named_parameters()), lr=0.01)
+        assert opt.defaults["foreach"] is (True if foreach is None else False)
+        for b in batches:
+            loss = ref(b)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        trained.append([p.detach() for p in ref.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*trained))
