@@ -57,11 +57,38 @@ def test_corrupt_and_truncated_files_are_refused_naming_the_path(tmp_path: Path)
     path.write_bytes(bytes(data[: len(data) // 3]))
     with pytest.raises(CheckpointError, match=str(path)):
         load_checkpoint(path)
-    (tmp_path / "checkpoint_3.mdl.sha256").unlink()  # unverified, but still refused as unloadable
-    with pytest.raises(CheckpointError, match=f"checkpoint {path}: cannot load it"):
+    (tmp_path / "checkpoint_3.mdl.sha256").unlink()  # no checksum: the zip check refuses it
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is corrupt or truncated .*zip CRC"):
         load_checkpoint(path)
     with pytest.raises(CheckpointError, match="no such file"):
         load_checkpoint(tmp_path / "checkpoint_99.mdl")
+
+
+def _flip_a_tensor_byte(path: Path) -> None:
+    """Flip one byte inside the first tensor's stored data (not the archive's bookkeeping)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if "/data/" in i.filename)
+    data = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26: info.header_offset + 30])
+    data[info.header_offset + 30 + name_len + extra_len + 5] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_without_its_checksum_file_a_flipped_tensor_bit_is_still_refused(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 4, state(1.0))
+    newest = save_checkpoint(tmp_path, 8, state(2.0))
+    for step in (4, 8):
+        (tmp_path / f"checkpoint_{step}.mdl.sha256").unlink()
+    assert torch.equal(load_checkpoint(newest)["model"]["w"], torch.full((3, 3), 2.0))  # intact: loads
+    _flip_a_tensor_byte(newest)
+    assert not torch.equal(torch.load(newest, weights_only=True)["model"]["w"], torch.full((3, 3), 2.0))
+    with pytest.raises(CheckpointError, match=f"checkpoint {newest} is corrupt or truncated .*CRC-32"):
+        load_checkpoint(newest)
+    found = latest_valid(tmp_path)  # --resume falls back to the older, intact one
+    assert found is not None and found.step == 4 and str(newest) in found.skipped[0]
 
 
 def test_code_in_a_checkpoint_is_not_run(tmp_path: Path) -> None:
