@@ -7,12 +7,13 @@ user API's :class:`~csrun.torch.device_backend.DeviceBackend` is a thin adapter 
   :meth:`~DeviceDriver.wrap_optimizer` turns ``step()`` / ``zero_grad()`` into order checks
   (:class:`~csrun.driver.steps.StepOrder`): the device runs backward, the optimizer, the
   learning-rate schedule, clipping and loss scaling itself.
-* The first ``model(batch)`` of a mode captures and compiles the step with
+* The first ``model(batch)`` of a mode opens the device (:func:`open_device`: embedded, or
+  the server at the path's address, tried for ``CSRUN_CONNECT_TIMEOUT`` seconds, so a wrong
+  address fails before any compile), then captures and compiles the step with
   :func:`csrun.compiler.flow.compile_only` (settings from the options, else
   ``CompileSettings()`` with the wrapped optimizer; the session's DataLoader, from the
   ``session_loader`` seam, for the short-last-batch check; the legacy messages on stdout),
-  raises the compile's problems, opens the device (:func:`open_device`: embedded, or the
-  server at the path's address), loads the program with the module's weights, applies a
+  raises the compile's problems and loads the program with the module's weights, applies a
   :class:`PendingState` and submits the batch. Later calls check the batch against the
   captured spec and submit it: the user's Python forward does not run again.
 * ``model(batch)`` returns :class:`~csrun.driver.steps.StepTensor` handles (the loss, or a
@@ -61,6 +62,7 @@ from csrun.driver.state_view import StateView
 from csrun.driver.steps import StepOrder
 from csrun.emulator.auth_token import client_token
 from csrun.emulator.client import RemoteDevice
+from csrun.emulator.connect import connect_timeout
 from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
 from csrun.errors import UserError
@@ -116,7 +118,7 @@ def open_device(options: DeviceOptions) -> Device:
     """The emulator this run uses: the server at the path's address, else embedded in this process."""
     if options.path.address is not None:
         return RemoteDevice(str(options.path.address), client_token(), options.job_id or str(os.getpid()),
-                            queue_depth=options.queue_depth)
+                            queue_depth=options.queue_depth, connect_timeout=connect_timeout())
     return EmbeddedDevice(device=options.device, queue_depth=options.queue_depth)
 
 
@@ -376,13 +378,13 @@ class DeviceDriver:
     def _compile_and_load(self, batch: Any, mode: Mode, recording: Recording) -> LoadedProgram:
         if self.loaded is not None and self.pending is None:
             self.pending = self._carry_over(mode)
+        device = self._device()  # reach the system before the compile: a wrong --cs_ip fails in seconds
         result = self.compile(batch, mode, recording)
         result.raise_for_problems()
         program = result.program
         if program is None:  # a cache hit by source: the saved program has no weight values
             program, _ = load_program(result.directory, weights=self.model.state_dict())
         loaded = LoadedProgram(mode=mode, spec=result.spec, step=recording.signature())
-        device = self._device()
         t0 = time.perf_counter()
         device.load(program, loaded.spec)
         self.loaded = loaded

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import csrun.torch as cbtorch
 from csrun.address import AddressError
 from csrun.torch.device_backend import DeviceBackend
 from csrun.torch.state import InitializeError
+from tests.device.helpers import train
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -57,3 +60,32 @@ def test_a_bad_address_is_a_one_line_error_naming_it(cs_ip: str, named: str) -> 
     with pytest.raises((AddressError, InitializeError)) as exc:
         cbtorch.initialize(cs_ip)
     assert named in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_cs_ip_where_nothing_listens_fails_before_the_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device is reached before the step is compiled, within CSRUN_CONNECT_TIMEOUT."""
+    import socket
+    import time
+
+    from csrun.emulator.errors import SystemUnreachable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once closed
+    monkeypatch.setenv("CSRUN_EMULATOR_TOKEN", "t" * 32)
+    monkeypatch.setenv("CSRUN_CONNECT_TIMEOUT", "1.5")
+    t0 = time.monotonic()
+    with pytest.raises(SystemUnreachable, match=f"127.0.0.1:{port}: nothing answered within 1.5 s"):
+        train(f"127.0.0.1:{port}", steps=2, model_dir=str(tmp_path))
+    assert time.monotonic() - t0 < 8
+    assert not list(tmp_path.glob("cs_*")), "the compile ran before the device was reached"
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "inf"])
+def test_a_bad_connect_timeout_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from csrun.emulator.connect import connect_timeout
+    from csrun.errors import UserError
+
+    monkeypatch.setenv("CSRUN_CONNECT_TIMEOUT", value)
+    with pytest.raises(UserError, match=rf"CSRUN_CONNECT_TIMEOUT='{value}' is not a number of seconds > 0"):
+        connect_timeout()

@@ -277,7 +277,7 @@ def test_unreachable_system_message() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nobody listens here once closed
     t0 = time.monotonic()
-    with pytest.raises(SystemUnreachable, match=rf"could not reach the system at 127.0.0.1:{port} \(is cs_emulator running there\?\)"):
+    with pytest.raises(SystemUnreachable, match=rf"could not reach the system at 127.0.0.1:{port}: nothing answered within 0.5 s \(is cs_emulator running there\? check --cs_ip; CSRUN_CONNECT_TIMEOUT"):
         RemoteDevice(f"127.0.0.1:{port}", TOKEN, "lost", connect_timeout=0.5)
     assert time.monotonic() - t0 < 5
 
