@@ -55,7 +55,10 @@ and clipping). The system refuses ``train_and_eval`` and ``grad_accum_steps > 1`
 Accumulation not supported on CS workflow."). Environment read: ``CS_IP``, ``CSRUN_LAUNCHER``
 (and what :mod:`csrun.torch` and :mod:`csrun.cluster` read; the embedded emulator reads
 ``CSRUN_HALF_EMULATION``: ``rounding``, the CPU default, or ``autocast``, see
-:mod:`csrun.emulator.half_emulation`).
+:mod:`csrun.emulator.half_emulation`; a remote one ``CSRUN_CONNECT_TIMEOUT``, seconds to keep
+trying to reach ``cs_ip``, default 10, checked before the compile), ``CSRUN_PROGRESS``
+(``auto``: a progress bar only on a real terminal, never into a Slurm job log; ``bar``;
+``lines``: see :mod:`csrun.run.progress`).
 
 Run length: ``max_steps`` is the last global step; ``num_steps`` runs that many steps from the
 starting step (capped by max_steps); ``num_epochs`` runs to ``num_epochs * steps_per_epoch``

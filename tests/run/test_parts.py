@@ -8,7 +8,10 @@ from pathlib import Path
 import torch
 
 from csrun.run.performance import performance_doc
-from csrun.run.progress import Progress, log_line
+import pytest
+
+from csrun.errors import ConfigError
+from csrun.run.progress import Progress, log_line, wants_bar
 from csrun.run.runner import set_threads
 from csrun.run.summaries import LossLog, read_losses
 from csrun.stream.stats import ChiefStats, StreamerStats, StreamStats
@@ -32,6 +35,29 @@ def test_terminal_progress_draws_a_bar() -> None:
     p.close()
     text = out.getvalue()
     assert "10/10" in text and "a line above the bar" in text and "samples/s" in text
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("env,bar", [
+    ({}, True),                                                   # a terminal
+    ({"TERM": "dumb"}, False),
+    ({"SLURM_STEP_ID": "0"}, False),                              # srun --unbuffered: a tty into a job log
+    ({"SLURM_STEP_ID": "0", "SLURM_PTY_PORT": "40211"}, True),   # srun --pty: interactive
+    ({"SLURM_STEP_ID": "0", "CSRUN_PROGRESS": "bar"}, True),
+    ({"CSRUN_PROGRESS": "lines"}, False),
+])
+def test_the_bar_is_drawn_only_on_a_real_terminal(env: dict, bar: bool) -> None:
+    assert wants_bar(_Tty(), env) is bar
+    assert wants_bar(io.StringIO(), {k: v for k, v in env.items() if k != "CSRUN_PROGRESS"}) is False
+
+
+def test_a_bad_progress_choice_names_it() -> None:
+    with pytest.raises(ConfigError, match="CSRUN_PROGRESS='fancy' is not one of: auto, bar, lines"):
+        wants_bar(_Tty(), {"CSRUN_PROGRESS": "fancy"})
 
 
 def test_loss_log_drops_rows_after_the_resume_step(tmp_path: Path) -> None:
