@@ -5,12 +5,17 @@ one ``#SBATCH`` block per component of the :class:`~csrun.launch.layout.Layout` 
 by ``#SBATCH hetjob``, and a body that runs the step over every component
 (``srun ... --het-group=0 CMD : --het-group=1 ... CMD``).
 
-Preemption: with a lead time the job asks for ``--signal=B:USR1@LEAD`` and ``--requeue``.
-The script traps SIGUSR1 (sent before the time limit, or by ``scancel --signal=USR1
---batch JOB``), forwards it to the step (srun passes it to every task: the runner on the
-chief checkpoints at the next step boundary and stops; streamers ignore it), waits for the
-step to end, and then puts the job back in the queue (``scontrol requeue``). The next run
-sees ``SLURM_RESTART_COUNT`` > 0 and the runner resumes from the latest checkpoint. Logs
+Preemption: with a lead time the job asks for ``--signal=B:SIG@LEAD`` and ``--requeue``, SIG
+being ``CSRUN_PREEMPT_SIGNAL`` (default USR1, see :mod:`csrun.launch.preempt_signal`). The
+script traps SIG (sent before the time limit, or by ``scancel --signal=SIG --batch JOB``),
+forwards it to the step (srun passes it to every task: the runner on the chief checkpoints at
+the next step boundary and stops with exit code ``128 + SIG``; streamers ignore it), waits for
+the step to end, and puts the job back in the queue (``scontrol requeue``) only when the run
+asked for it by writing its step to ``CSRUN_REQUEUE_FILE`` (``<log_dir>/<job id>/.requeue.<restart>``,
+set by the script; see :mod:`csrun.run.preemption`): a command that did not checkpoint (killed
+by the signal, which also exits ``128 + SIG``), or a runner preempted
+``CSRUN_MAX_IDLE_REQUEUES`` times in a row without gaining a step, is not requeued. The next run sees ``SLURM_RESTART_COUNT`` > 0 and the runner resumes from the
+latest checkpoint. Logs
 are opened in append mode so both runs stay in one file. The job is submitted held, its log
 folder ``<log_dir>/<job id>/`` is made, and then it is released, so logs land beside
 csrun_cpu's (``<id>_log.out`` / ``<id>_log.err``). Waiting polls ``squeue --states=all`` and
@@ -27,6 +32,7 @@ from pathlib import Path
 
 from csrun.errors import LaunchError
 from csrun.launch.layout import Layout
+from csrun.launch.preempt_signal import preemption_signal
 from csrun.launch.sbatch import time_limit_minutes
 from csrun.launch.srun import WSE_STEP_FLAGS
 from csrun.site import SiteConfig
@@ -37,12 +43,14 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 PREEMPTION_BODY = """\
 preempted=0
 step=""
+export CSRUN_REQUEUE_FILE={log_dir}/"$SLURM_JOB_ID/.requeue.${{SLURM_RESTART_COUNT:-0}}"
+rm -f "$CSRUN_REQUEUE_FILE"
 on_preempt() {{
     preempted=1
-    echo "csrun: SIGUSR1: asking the step to checkpoint and stop" >&2
-    [ -n "$step" ] && kill -USR1 "$step" 2>/dev/null
+    echo "csrun: SIG{sig}: asking the step to checkpoint and stop" >&2
+    [ -n "$step" ] && kill -{sig} "$step" 2>/dev/null
 }}
-trap on_preempt USR1
+trap on_preempt {sig}
 
 {step} &
 step=$!
@@ -51,8 +59,12 @@ while :; do
     kill -0 "$step" 2>/dev/null || break
 done
 if [ "$preempted" = 1 ]; then
-    echo "csrun: requeueing job $SLURM_JOB_ID to resume from its checkpoint" >&2
-    scontrol requeue "$SLURM_JOB_ID" && exit 0
+    if [ -s "$CSRUN_REQUEUE_FILE" ]; then
+        echo "csrun: requeueing job $SLURM_JOB_ID to resume from its checkpoint (global step $(cat "$CSRUN_REQUEUE_FILE"))" >&2
+        rm -f "$CSRUN_REQUEUE_FILE"
+        scontrol requeue "$SLURM_JOB_ID" && exit 0
+    fi
+    echo "csrun: not requeueing job $SLURM_JOB_ID: the step (exit code $rc) did not report a preemption checkpoint in $CSRUN_REQUEUE_FILE" >&2
 fi
 exit "$rc"
 """
@@ -64,16 +76,18 @@ def hetjob_script(
 ) -> str:
     """The batch script for ``command`` over ``layout`` (one component: a plain job).
 
-    ``preempt_lead`` > 0: checkpoint and requeue on SIGUSR1, asked for that many seconds
+    ``preempt_lead`` > 0: checkpoint and requeue on the preemption signal
+    (:func:`~csrun.launch.preempt_signal.preemption_signal`), asked for that many seconds
     before the time limit.
     """
+    sig = preemption_signal()
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --output={log_dir}/%j/%j_log.out", f"#SBATCH --error={log_dir}/%j/%j_log.err"]
     lines.append(f"#SBATCH --chdir={cwd}")
     minutes = time_limit_minutes(time)
     if minutes:
         lines.append(f"#SBATCH --time={minutes}")
     if preempt_lead:
-        lines += [f"#SBATCH --signal=B:USR1@{preempt_lead}", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+        lines += [f"#SBATCH --signal=B:{sig.name[3:]}@{preempt_lead}", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
     step: list[str] = ["srun", *WSE_STEP_FLAGS]
     last = len(layout.components) - 1
     for i, c in enumerate(layout.components):
@@ -98,7 +112,7 @@ def hetjob_script(
         step += command
     lines += ["", "# one step over every component: the chief (rank 0) on the GRES node, the streamers after it"]
     if preempt_lead:
-        lines.append(PREEMPTION_BODY.format(step=shlex.join(step)))
+        lines.append(PREEMPTION_BODY.format(step=shlex.join(step), sig=sig.name[3:], log_dir=shlex.quote(str(log_dir))))
     else:
         lines += [shlex.join(step), ""]
     return "\n".join(lines)

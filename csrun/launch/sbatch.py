@@ -17,10 +17,12 @@ import os
 import re
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from csrun.errors import LaunchError, UsageError
+from csrun.launch.preempt_signal import preemption_signal, submitit_signal
 from csrun.site import SiteConfig
 
 
@@ -50,19 +52,24 @@ def _squeue_classes() -> tuple[type, type]:
     return SqueueExecutor, SqueueJob
 
 
-def _ignore_usr2() -> None:
-    """In the command's process: submitit's preemption signal is for the job wrapper, not for it."""
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+def _ignore_submitit_signal() -> None:
+    """In the command's process: submitit's preemption signal is for the job wrapper, not for it
+    (unless it is the command's own preemption signal too)."""
+    theirs = submitit_signal()
+    if theirs != preemption_signal():
+        signal.signal(theirs, signal.SIG_IGN)
 
 
 class CommandJob:
     """What the batch job runs: the command, in the submitter's folder and environment.
 
-    Preemption: submitit asks the job for ``--signal=USR2@90`` and, on that signal, calls
-    :meth:`checkpoint` of a callable that has one, then requeues the job. Here that sends
-    SIGUSR1 to the command (the runner saves a checkpoint at the next step and stops), waits
-    for it, and hands submitit the same command to run again; the next run sees
-    ``SLURM_RESTART_COUNT`` > 0 (the job's ``SLURM_*`` variables reach the command) and resumes.
+    Preemption: submitit asks the job for ``--signal=SIG@90`` (SIG: ``SUBMITIT_PREEMPT_SIGNAL``,
+    default USR2) and, on that signal, calls :meth:`checkpoint` of a callable that has one,
+    then requeues the job. Here that sends ``CSRUN_PREEMPT_SIGNAL`` (default USR1) to the
+    command (the runner saves a checkpoint at the next step and stops with ``128 + signal``),
+    waits for it, and hands submitit the same command to run again only when it ended with that
+    code (else submitit is told not to requeue); the next run sees ``SLURM_RESTART_COUNT`` > 0
+    (the job's ``SLURM_*`` variables reach the command) and resumes.
     """
 
     def __init__(self) -> None:
@@ -77,20 +84,30 @@ class CommandJob:
     def __call__(self, command: list[str], env: dict[str, str], cwd: str) -> int:
         """Run the command to its end; its exit code."""
         job_vars = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
-        self._child = subprocess.Popen(command, env={**env, **job_vars}, cwd=cwd, preexec_fn=_ignore_usr2)
-        return self._child.wait()
+        self._child = child = subprocess.Popen(command, env={**env, **job_vars}, cwd=cwd,
+                                               preexec_fn=_ignore_submitit_signal)
+        # poll, not wait(): submitit's signal handler (checkpoint) runs in this thread and waits for
+        # the child itself, which a blocking wait() here would lock out (Popen's waitpid lock)
+        while (code := child.poll()) is None:
+            time.sleep(0.2)
+        return code
 
     def checkpoint(self, command: list[str], env: dict[str, str], cwd: str) -> object:
         """On preemption: let the command checkpoint and stop, then ask to run it again."""
         import submitit
 
         child = self._child
-        if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGUSR1)
-            try:
-                child.wait(timeout=CHECKPOINT_WAIT_S)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        sig = preemption_signal()
+        if child is None or child.poll() is not None:
+            return None  # nothing running to checkpoint: nothing to resume
+        child.send_signal(sig)
+        try:
+            code = child.wait(timeout=CHECKPOINT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            return None
+        if code != 128 + sig:  # it did not checkpoint and stop (or gave up requeueing)
+            return None
         return submitit.helpers.DelayedSubmission(CommandJob(), command, env, cwd)
 
 

@@ -1,13 +1,28 @@
-"""Preemption: SIGTERM / SIGUSR1 on the chief mean "checkpoint and stop at the next step".
+"""Preemption: SIGTERM or the preemption signal on the chief mean "checkpoint and stop at the next step".
 
-On the chief, :class:`Preemption` installs handlers that only set a flag. The training
-loop checks it at every step boundary (in the step closure, after the loss checks): it
-saves ``checkpoint_<step>.mdl`` (unless that step was just saved), leaves the Session
-(which stops the streamers) and run() returns ``128 + signal number`` — 143 for SIGTERM,
-138 for SIGUSR1 — the shell's convention for "ended by this signal". A batch job that asked
-for ``#SBATCH --signal=USR1@60`` (or ``B:USR1``) can requeue itself on that exit code and
-continue with ``--resume``. A second signal of the same kind while the first is pending is
-ignored; SIGINT (Ctrl-C) keeps Python's default (KeyboardInterrupt, no checkpoint).
+The preemption signal is ``CSRUN_PREEMPT_SIGNAL`` (default SIGUSR1; see
+:mod:`csrun.launch.preempt_signal`, which the launchers read too). On the chief,
+:class:`Preemption` installs handlers that only set a flag. The training loop checks it at
+every step boundary (in the step closure, after the loss checks): it saves
+``checkpoint_<step>.mdl`` (unless that step was just saved), leaves the Session (which stops
+the streamers) and run() returns ``128 + signal number`` — 143 for SIGTERM, 138 for SIGUSR1,
+140 for SIGUSR2 — the shell's convention for "ended by this signal". A batch job that asked
+for ``#SBATCH --signal=B:USR1@60`` requeues itself on that exit code and continues with
+``--resume``. A second signal of the same kind while the first is pending is ignored; SIGINT
+(Ctrl-C) keeps Python's default (KeyboardInterrupt, no checkpoint).
+
+Requeues that gain nothing: :func:`account_preemption` counts, in ``model_dir``'s
+:data:`IDLE_FILE`, the preemptions in a row that ended a run without a gained step (a time
+limit too short for the compile and one checkpoint interval would otherwise requeue forever).
+At ``CSRUN_MAX_IDLE_REQUEUES`` (default 3) the run stops asking to be requeued: one line, exit
+1, which neither launcher requeues. A run that gains a step, or completes, clears the count.
+A signal that arrives before the first step (during setup) stops the run there, without a
+checkpoint, as a preemption that gained no step.
+
+Asking to be requeued: the batch script of ``csrun_wse --use-sbatch`` sets
+``CSRUN_REQUEUE_FILE``; a run that stopped for a preemption (and is under the cap) writes its
+global step there (:func:`ask_to_requeue`), and the script requeues only then, so a command
+that was simply killed by the signal (exit code ``128 + signal`` as well) is not requeued.
 
 On streamers both signals are ignored while they stream: Slurm signals every task of the
 step, and a streamer that died first would make the chief's last step fail; the chief
@@ -17,23 +32,38 @@ timeout.)
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 from types import FrameType
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+from csrun.errors import UserError
+from csrun.launch.preempt_signal import MAX_IDLE_REQUEUES_ENV, max_idle_requeues, preemption_signal
+
+REQUEUE_FILE_ENV = "CSRUN_REQUEUE_FILE"
+"""Set by ``csrun_wse --use-sbatch``'s batch script: where a preempted run says "requeue me"."""
+IDLE_FILE = ".csrun_idle_preemptions"
+"""In model_dir: how many preemptions in a row ended a run without a gained step."""
+
+
+def preemption_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM and ``CSRUN_PREEMPT_SIGNAL`` (one entry when they are the same)."""
+    return tuple(dict.fromkeys((signal.SIGTERM, preemption_signal())))
 
 
 class Preempted(Exception):
     """Raised at a step boundary after the preemption checkpoint was written."""
 
-    def __init__(self, signum: int, step: int) -> None:
+    def __init__(self, signum: int, step: int, *, saved: bool = True) -> None:
         self.signum = signum
         self.step = step
+        self.saved = saved
+        """A checkpoint of ``step`` was written (False: stopped before the first step)."""
         super().__init__(f"stopped by {signal.Signals(signum).name} at global step {step}")
 
     @property
     def exit_code(self) -> int:
-        """``128 + signum`` (143 for SIGTERM, 138 for SIGUSR1)."""
+        """``128 + signum`` (143 for SIGTERM, 138 for SIGUSR1, 140 for SIGUSR2)."""
         return 128 + self.signum
 
 
@@ -54,7 +84,7 @@ class Preemption:
         return self.signum is not None
 
     def __enter__(self) -> "Preemption":
-        for sig in SIGNALS:
+        for sig in preemption_signals():
             try:
                 self._old[sig] = signal.signal(sig, self._handler)
             except ValueError:  # not the main thread: no handlers, no preemption
@@ -69,8 +99,58 @@ class Preemption:
 
 def ignore_on_streamer() -> None:
     """Streamers: ignore the preemption signals (the chief stops them after its checkpoint)."""
-    for sig in SIGNALS:
+    for sig in preemption_signals():
         try:
             signal.signal(sig, signal.SIG_IGN)
         except ValueError:
             pass
+
+
+class RequeueCapReached(UserError):
+    """Preempted too often in a row without a gained step: the run stops asking to be requeued."""
+
+    exit_code = 1
+
+
+def _read_count(path: Path) -> int:
+    try:
+        text = path.read_text().strip()
+    except (FileNotFoundError, OSError, UnicodeDecodeError):
+        return 0
+    return int(text) if text.isdigit() else 0
+
+
+def account_preemption(model_dir: Path, start_step: int, preempted: Preempted) -> None:
+    """Count a preemption that gained no step since ``start_step`` (clear the count when one was
+    gained); raise :class:`RequeueCapReached` at ``CSRUN_MAX_IDLE_REQUEUES`` in a row."""
+    path = Path(model_dir) / IDLE_FILE
+    if preempted.step > start_step:
+        clear_idle_preemptions(model_dir)
+        return
+    cap = max_idle_requeues()
+    count = _read_count(path) + 1
+    tmp = path.with_name(f"{IDLE_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(f"{count}\n")
+    os.replace(tmp, path)
+    if count >= cap:
+        raise RequeueCapReached(
+            f"preempted {count} times in a row without gaining a step (still at global step {preempted.step}); "
+            f"checkpoint kept, not asking to be requeued again: give the job a longer time limit or a smaller "
+            f"checkpoint_steps, or raise {MAX_IDLE_REQUEUES_ENV} (now {cap}); delete {path} to start counting again")
+
+
+def ask_to_requeue(preempted: Preempted) -> None:
+    """Tell the batch script that asked (``CSRUN_REQUEUE_FILE``) that this run stopped for a
+    preemption as it should and may be requeued: the file gets the global step."""
+    target = os.environ.get(REQUEUE_FILE_ENV, "").strip()
+    if not target:
+        return
+    try:
+        Path(target).write_text(f"{preempted.step}\n")
+    except OSError as exc:  # the job then ends without a requeue: say why
+        print(f"csrun: cannot write {REQUEUE_FILE_ENV}={target}: {exc}; the job will not be requeued", flush=True)
+
+
+def clear_idle_preemptions(model_dir: Path) -> None:
+    """A run gained a step or completed: forget earlier fruitless preemptions."""
+    (Path(model_dir) / IDLE_FILE).unlink(missing_ok=True)

@@ -20,7 +20,8 @@ from csrun.run import cli_args, loops
 from csrun.run.checkpoints import latest_valid, load_checkpoint, save_checkpoint
 from csrun.run.params import InputConfig, ModelConfig, Params
 from csrun.run.performance import performance_doc, write_performance
-from csrun.run.preemption import Preempted, Preemption, ignore_on_streamer
+from csrun.run.preemption import (Preempted, Preemption, account_preemption, ask_to_requeue, clear_idle_preemptions,
+                                  ignore_on_streamer)
 from csrun.run.progress import Progress
 from csrun.run.summaries import LossLog, Scalars, write_params
 from csrun.typed_config import ConfigError
@@ -177,7 +178,11 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except Preempted as exc:
-        _say(f"{exc}; checkpoint saved. Continue with --resume.")
+        if exc.saved:
+            _say(f"{exc}; checkpoint saved. Continue with --resume.")
+        else:
+            _say(f"{exc}, before its first step: nothing new to save. Continue with --resume.")
+        ask_to_requeue(exc)
         return exc.exit_code
     except UserError as exc:
         if is_chief or not isinstance(exc, ConfigError):
@@ -225,6 +230,17 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
             pass
         return 0
 
+    with Preemption() as preemption:  # from here on a preemption signal is a flag, checked at step boundaries
+        return _chief(params, path, settings, model_dir, preemption, model_fn=model_fn,
+                      train_input_fn=train_input_fn, eval_input_fn=eval_input_fn, eval_metrics=eval_metrics)
+
+
+def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Path, preemption: Preemption, *,
+           model_fn: Callable[[Params], torch.nn.Module], train_input_fn: Callable[[Params], Any] | None,
+           eval_input_fn: Callable[[Params], Any] | None,
+           eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> int:
+    rc = params.runconfig
+    mode = rc.mode
     log.info("csrun: %s path (%s), mode %s, model_dir %s", path.kind, path.reason, mode, model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     model = cbtorch.module(model_fn(params))
@@ -241,14 +257,15 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
             start = int(state.get("global_step", 0))
             _say(f"Loaded checkpoint {where} at global step {start}")
     if mode in ("train", "train_and_eval"):
-        start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn)
+        start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn, preemption)
     if mode in ("eval", "train_and_eval"):
         _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics)
     return 0
 
 
 def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optimizer: Any, settings: Any,
-           model_dir: Path, start: int, train_input_fn: Callable[[Params], Any] | None) -> int:
+           model_dir: Path, start: int, train_input_fn: Callable[[Params], Any] | None,
+           preemption: Preemption) -> int:
     from csrun.emulator.schedules import build_schedule
 
     rc = params.runconfig
@@ -281,14 +298,19 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         last_saved = 0
     progress = Progress(start=start, total=target)
     try:
-        with Preemption() as preemption:
-            result = loops.train(loops.TrainSetup(
-                model=model, optimizer=optimizer, loader=loader, model_dir=model_dir, start_step=start,
-                target_step=target, batch_size=params.train_input.batch_size, grad_accum_steps=accum,
-                log_steps=rc.log_steps, checkpoint_steps=rc.checkpoint_steps,
-                check_loss_values=rc.check_loss_values, schedule=build_schedule(settings.learning_rate),
-                scalars=scalars, losses=losses, progress=progress, preemption=preemption, log=_say,
-                on_cpu=path.kind == "cpu", last_saved=last_saved))
+        if preemption.requested:  # signalled before the first step (setup, data, restore): no step gained
+            raise Preempted(preemption.signum or 15, start, saved=False)
+        result = loops.train(loops.TrainSetup(
+            model=model, optimizer=optimizer, loader=loader, model_dir=model_dir, start_step=start,
+            target_step=target, batch_size=params.train_input.batch_size, grad_accum_steps=accum,
+            log_steps=rc.log_steps, checkpoint_steps=rc.checkpoint_steps,
+            check_loss_values=rc.check_loss_values, schedule=build_schedule(settings.learning_rate),
+            scalars=scalars, losses=losses, progress=progress, preemption=preemption, log=_say,
+            on_cpu=path.kind == "cpu", last_saved=last_saved))
+        clear_idle_preemptions(model_dir)
+    except Preempted as exc:
+        account_preemption(model_dir, start, exc)
+        raise
     finally:
         scalars.close()
         if losses is not None:

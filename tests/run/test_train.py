@@ -154,3 +154,52 @@ def test_fc_mnist_full_config_reaches_90_percent(fc_mnist: Run, tmp_path: Path, 
     assert fc_mnist("-p", str(FULL_YAML), "-m", "train_and_eval", "-o", str(tmp_path / "md")) == 0
     accuracy = float(capsys.readouterr().out.split("Eval. accuracy = ")[1].split()[0])
     assert accuracy >= 0.90
+
+
+def test_the_preemption_signal_is_configurable_and_asks_the_batch_script_to_requeue(
+        fc_mnist: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """CSRUN_PREEMPT_SIGNAL=USR2: USR2 checkpoints and stops with 140 and writes CSRUN_REQUEUE_FILE."""
+    ask = tmp_path / "requeue"
+    monkeypatch.setenv("CSRUN_PREEMPT_SIGNAL", "USR2")
+    monkeypatch.setenv("CSRUN_REQUEUE_FILE", str(ask))
+    on_step = loops._StepBook.on_step
+
+    def signal_at_21(self: loops._StepBook, outputs: dict, step: int) -> None:
+        if step == 21:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        on_step(self, outputs, step)
+
+    monkeypatch.setattr(loops._StepBook, "on_step", signal_at_21)
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(tmp_path / "md")) == 140
+    assert "stopped by SIGUSR2 at global step 21" in capsys.readouterr().out
+    assert ask.read_text() == "21\n" and (tmp_path / "md" / "checkpoint_21.mdl").exists()
+
+
+def test_preemptions_that_gain_no_step_stop_asking_for_a_requeue(
+        fc_mnist: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A signal before the first step stops the run without a step; at CSRUN_MAX_IDLE_REQUEUES in a
+    row the run exits 1 and does not ask to be requeued; a run that gains a step clears the count."""
+    from csrun.run import runner
+    from csrun.run.preemption import IDLE_FILE
+
+    md, ask = tmp_path / "md", tmp_path / "requeue"
+    monkeypatch.setenv("CSRUN_MAX_IDLE_REQUEUES", "2")
+    monkeypatch.setenv("CSRUN_REQUEUE_FILE", str(ask))
+    real_progress = runner.Progress
+
+    def signalled_during_setup(**kw: object) -> object:
+        os.kill(os.getpid(), signal.SIGUSR1)  # arrives before the first step
+        return real_progress(**kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "Progress", signalled_during_setup)
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md)) == 138
+    assert "before its first step" in capsys.readouterr().out
+    assert ask.read_text() == "0\n" and (md / IDLE_FILE).read_text() == "1\n"
+    ask.unlink()
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md)) == 1
+    err = capsys.readouterr().err
+    assert "preempted 2 times in a row without gaining a step" in err and "CSRUN_MAX_IDLE_REQUEUES" in err
+    assert len(err.strip().splitlines()) == 1 and not ask.exists()
+    monkeypatch.setattr(runner, "Progress", real_progress)
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md)) == 0
+    assert not (md / IDLE_FILE).exists()
