@@ -64,3 +64,34 @@ class LaunchError(UserError):
     """A launch that cannot be built or started (impossible layout, missing launcher)."""
 
     exit_code = 1
+
+
+class EnvironmentFailure(UserError):
+    """The machine, not the input, failed: a disk full or not writable, a path that is a file
+    where a folder belongs, a lost server. One line, exit 1; what was written before is intact."""
+
+    exit_code = 1
+
+
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The first :class:`OSError` in ``exc`` or its chain (``__cause__`` / ``__context__``): torch
+    buries ENOSPC under ``RuntimeError: [enforce fail at inline_container.cc ...]``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def describe_os_error(err: OSError) -> str:
+    """``<strerror> (<path>)`` for an OSError, naming both paths of a rename."""
+    import errno as errno_names
+
+    what = err.strerror or str(err) or type(err).__name__
+    code = errno_names.errorcode.get(err.errno or 0)
+    paths = [p for p in (err.filename, err.filename2) if p is not None]
+    where = " -> ".join(str(p) for p in paths)
+    return f"{what}{f' [{code}]' if code else ''}{f': {where}' if where else ''}"

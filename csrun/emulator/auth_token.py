@@ -44,7 +44,7 @@ def token_bits(token: str) -> float:
     if not token:
         return 0.0
     n = len(token)
-    return -sum(c * math.log2(c / n) for c in Counter(token).values())
+    return abs(-sum(c * math.log2(c / n) for c in Counter(token).values()))  # abs: no "-0" for one repeated character
 
 
 def token_problem(token: str) -> str | None:

@@ -43,7 +43,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from csrun.errors import UserError
+from csrun.errors import EnvironmentFailure, UserError, describe_os_error, os_error_in
 
 log = logging.getLogger("csrun.run")
 
@@ -130,7 +130,11 @@ def _write_file(path: Path, write: Any) -> None:
 
 
 def save_checkpoint(model_dir: Path, step: int, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically as ``checkpoint_<step>.mdl`` with its checksum; return the path."""
+    """Write ``state`` atomically as ``checkpoint_<step>.mdl`` with its checksum; return the path.
+
+    A failed write (disk full, not writable, a folder in the way) is an
+    :class:`~csrun.errors.EnvironmentFailure` naming the checkpoint and the OS's reason; the
+    temporary files are removed and earlier checkpoints are untouched."""
     folder = Path(model_dir)
     folder.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(folder, step)
@@ -148,9 +152,18 @@ def save_checkpoint(model_dir: Path, step: int, state: dict[str, Any]) -> Path:
 
         _write_file(tmp, write_state)
         _write_file(tmp_sha, lambda f: f.write(f"{digest}  {final.name}\n".encode()))
+        if final.is_dir():
+            raise EnvironmentFailure(f"cannot save checkpoint {final}: a folder of that name is in the way; "
+                                     f"earlier checkpoints are intact")
         os.replace(tmp_sha, folder / (final.name + SUFFIX_SHA))
         os.replace(tmp, final)
         _fsync_dir(folder)
+    except (OSError, RuntimeError) as exc:  # torch reports a failed write as a RuntimeError around the OSError
+        err = os_error_in(exc)
+        if err is None:
+            raise
+        raise EnvironmentFailure(f"cannot save checkpoint {final}: {describe_os_error(err)}; "
+                                 f"earlier checkpoints are intact") from None
     finally:
         for t in (tmp, tmp_sha):
             if t.exists():

@@ -15,7 +15,8 @@ import torch
 import csrun.torch as cbtorch
 from csrun.cluster import cluster_info
 from csrun.compiler.settings import settings_from_params
-from csrun.errors import UserError
+from csrun.emulator.errors import DeviceError
+from csrun.errors import EnvironmentFailure, UserError, describe_os_error, os_error_in
 from csrun.run import cli_args, loops
 from csrun.run.checkpoints import latest_valid, load_checkpoint, save_checkpoint
 from csrun.run.params import InputConfig, ModelConfig, Params
@@ -193,6 +194,23 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return 130
+    except (OSError, RuntimeError) as exc:  # the machine failed (disk, permissions, a lost server)
+        line = _environment_failure(exc)
+        if line is None:
+            raise
+        where = "" if is_chief else f" (rank {cbtorch.get_ordinal()})"
+        sys.stdout.flush()
+        print(f"{prog}: error{where}: {line}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _environment_failure(exc: BaseException) -> str | None:
+    """One line for a failure of the machine rather than of the code: an OSError anywhere in the
+    chain, or the device's link lost; None for anything else (a bug keeps its traceback)."""
+    if isinstance(exc, DeviceError):
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    err = os_error_in(exc)
+    return None if err is None else describe_os_error(err)
 
 
 def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params], torch.nn.Module],
@@ -242,7 +260,7 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
     rc = params.runconfig
     mode = rc.mode
     log.info("csrun: %s path (%s), mode %s, model_dir %s", path.kind, path.reason, mode, model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    _make_model_dir(model_dir)
     model = cbtorch.module(model_fn(params))
     optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
     state, where = _checkpoint_to_load(params, model_dir)
@@ -261,6 +279,18 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
     if mode in ("eval", "train_and_eval"):
         _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics)
     return 0
+
+
+def _make_model_dir(model_dir: Path) -> None:
+    """Create model_dir, or say in one line why it cannot be (a file in the way, not writable)."""
+    if model_dir.exists() and not model_dir.is_dir():
+        raise EnvironmentFailure(f"model_dir {model_dir} is a file, not a folder: pass another -o/--model_dir")
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EnvironmentFailure(f"cannot create model_dir {model_dir}: {describe_os_error(exc)}") from None
+    if not os.access(model_dir, os.W_OK | os.X_OK):
+        raise EnvironmentFailure(f"model_dir {model_dir} is not writable by this user")
 
 
 def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optimizer: Any, settings: Any,

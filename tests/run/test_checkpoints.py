@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from csrun.errors import EnvironmentFailure
 from csrun.run import checkpoints as ck
 from csrun.run.checkpoints import CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint
 
@@ -34,7 +35,7 @@ def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatc
         raise OSError("disk full")
 
     monkeypatch.setattr(ck.torch, "save", dying_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(EnvironmentFailure, match="cannot save checkpoint .*checkpoint_20.mdl: disk full; earlier checkpoints are intact"):
         save_checkpoint(tmp_path, 20, state(2.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_10.mdl", "checkpoint_10.mdl.sha256"]
     found = latest_valid(tmp_path)
