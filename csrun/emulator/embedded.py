@@ -99,7 +99,9 @@ class EmbeddedDevice(Device):
                     if not isinstance(exc, UserError):
                         err = StepFailed(number, f"{type(exc).__name__}: {exc}")
                         err.__cause__ = exc
-                        log.error("step %d failed on the device", number, exc_info=exc)
+                        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                        log.error("step %d failed on the device: %s: %s", number, type(exc).__name__, first)
+                        log.debug("step %d: the traceback", number, exc_info=exc)  # for a bug report, at debug level
                     self._error = err
                 if not future.done():  # outputs already handed out: the error surfaces at the next call
                     future.set_exception(err)

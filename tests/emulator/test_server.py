@@ -312,3 +312,21 @@ def test_cli_writes_a_token_serves_and_stops_on_sigterm(tmp_path: Path, program:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_huge_shape_fails_the_step_in_one_logged_line(server: EmulatorServer, program: tuple,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """An empty tensor with a 2^30 dimension passes the wire (0 bytes) and fails the step: the
+    client is told, the server logs one line (the traceback only at debug level)."""
+    from csrun.emulator.errors import StepFailed
+
+    caplog.set_level(logging.INFO)
+    ep, spec, batches = program
+    with connect_when_free(server, "huge") as dev:
+        dev.load(ep, spec)
+        with pytest.raises(StepFailed, match="1073741824"):
+            dev.submit((torch.empty(1 << 30, 0), batches[0][1])).result()
+    failed = [r for r in caplog.records if "failed on the device" in r.getMessage()]
+    assert failed and "1073741824" in failed[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO and r.exc_info], "a traceback was logged"
+    train_ok(server, program, job="after-the-huge-shape")
