@@ -3,7 +3,7 @@
 Entry points (import from here):
 
 - :func:`validate_only`, :func:`compile_only` -> :class:`CompileResult`; :func:`exit_code`;
-- :func:`load_program` (weights-only) -> ``(ExportedProgram, ProgramSpec)``;
+- :func:`load_program` (read as data, :mod:`csrun.program.archive`) -> ``(ExportedProgram, ProgramSpec)``;
   a saved program's weights are shape-only placeholders: :func:`bind_weights` gives them
   values (``model.state_dict()`` or a checkpoint's), :func:`has_weight_values` tells;
 - :class:`CompileSettings`, :func:`settings_from_params` (legacy params YAML);

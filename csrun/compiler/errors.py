@@ -174,7 +174,7 @@ class ModelDoesNotFit(CompileError):
 
 
 class UnsafeProgram(CompileError):
-    """A program archive that would need more than weights-only unpickling, or was altered."""
+    """A program archive that is not plain data (see csrun.program.archive), or was altered."""
 
     fix = "recompile the model (delete the compile directory); never load programs from untrusted places"
 

@@ -71,8 +71,8 @@ class CompileResult:
         raise_all(self.problems)
 
     def exported_program(self) -> torch.export.ExportedProgram:
-        """The program: the captured one (with the model's weights), or loaded (weights-only
-        unpickling) from the compile directory, whose weights are shape-only placeholders:
+        """The program: the captured one (with the model's weights), or read as data
+        (:mod:`csrun.program.archive`) from the compile directory, whose weights are shape-only placeholders:
         give them values with :func:`csrun.compiler.cache.program_io.bind_weights`."""
         if self.program is None:
             if not self.directory:
@@ -274,8 +274,8 @@ def load_program(directory: str, *, weights: Mapping[str, torch.Tensor] | None =
     them (:func:`~csrun.compiler.cache.program_io.bind_weights`).
 
     Refuses (:class:`UnsafeProgram`) a directory without a valid ``COMPLETE`` marker, with a
-    file whose checksum differs from the marker's, or whose archive needs more than
-    weights-only unpickling.
+    file whose checksum differs from the marker's, or whose archive is not plain data
+    (:mod:`csrun.program.archive`).
     """
     try:
         with open(os.path.join(directory, MARKER)) as f:

@@ -8,7 +8,7 @@
   :class:`EmbeddedDevice` (a worker thread in this process) and :class:`RemoteDevice` (a
   ``cs_emulator`` server, :mod:`~csrun.emulator.server`, over :mod:`~csrun.emulator.wire`);
 - :mod:`~csrun.emulator.handles`: step handles and device tensors (read only in step closures);
-- :mod:`~csrun.emulator.program`: programs to and from bytes, never fully unpickled;
+- :mod:`~csrun.emulator.program`: programs to and from bytes, read as data (:mod:`csrun.program.archive`);
 - :mod:`~csrun.emulator.cli`: the ``cs_emulator`` command.
 
 Imports are lazy so ``import csrun.emulator`` stays cheap.

@@ -25,7 +25,7 @@ class DeviceTensorReadError(UserError):
 
 
 class ProgramRejected(UserError):
-    """A program archive that the emulator refuses to load (it needs full unpickling, or is damaged)."""
+    """A program archive that the emulator refuses to load (not plain data, see csrun.program.archive, or damaged)."""
 
 
 class SystemUnreachable(UserError):
