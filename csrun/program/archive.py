@@ -414,9 +414,9 @@ class _Reader:
             name = (value["as_graph"] or {}).get("name") if isinstance(value["as_graph"], dict) else None
             if not (isinstance(name, str) and name.isidentifier()):
                 raise self.refuse(f"{where} as_graph", f"subgraph name {str(name)[:60]!r} is not an identifier")
-        if "target" in value and "inputs" in value and "metadata" in value:  # a node
+        if "target" in value:  # a node (nothing else in the schema has a target)
             self._check_target(value["target"], f"{where} node {str(value.get('name'))[:40]}")
-            if isinstance(value["metadata"], dict):
+            if isinstance(value.get("metadata"), dict):
                 value["metadata"] = {k: v for k, v in value["metadata"].items() if k in _KEPT_NODE_METADATA}
         for k, v in value.items():
             self._walk(v, f"{where}" if k in ("arg", "inputs", "outputs", "graph", "nodes") else f"{where} {k}")
@@ -489,27 +489,20 @@ def read_archive(data: bytes | str | os.PathLike[str], *, source: str | None = N
 def _deserialize(doc: dict[str, Any], state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor],
                  name: str) -> torch.export.ExportedProgram:
     """torch's deserialiser over the checked JSON, without example inputs (so without guards)."""
-    import logging
-
     from torch._export.serde import schema
     from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
 
-    log = logging.getLogger("torch._export.serde.serialize")
     try:
         serialized = _dict_to_dataclass(schema.ExportedProgram, doc)
     except Exception as exc:  # noqa: BLE001 - any schema mismatch is a damaged archive
         raise ArchiveRefused(f"{name}: {_MODEL}: not a serialized ExportedProgram ({type(exc).__name__}: "
                              f"{_first_line(exc)})") from None
     with _LOCK:
-        level = log.level
-        log.setLevel(logging.ERROR)  # its warnings about unused symbols are noise here
         try:
             program = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
         except Exception as exc:  # noqa: BLE001 - torch's own consistency checks
             raise ArchiveRefused(f"{name}: {_MODEL}: torch could not rebuild the program ({type(exc).__name__}: "
                                  f"{_first_line(exc)})") from None
-        finally:
-            log.setLevel(level)
     program._guards_code = []
     return program
 

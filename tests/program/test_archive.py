@@ -309,20 +309,24 @@ def test_normal_program_trains_bit_identically(which: str, server: EmulatorServe
 # what the reader never does ---------------------------------------------------------------------
 
 
-def test_reading_never_unpickles(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reading_never_unpickles_or_evaluates(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sympy
+    import torch.export._unlift as unlift
+
     batch = lm_batches(1)[0]
     buf = io.BytesIO()
     torch.export.save(torch.export.export(TinyTransformer(), (batch,)), buf)  # torch's writer: pickled sample inputs
-    data = buf.getvalue()
+    data = _rewrite(buf.getvalue(), _edit_json("models/model.json", lambda doc: doc.update(guards_code=["True"])))
 
     def no(*_a: Any, **_k: Any) -> Any:
-        raise AssertionError("unpickling attempted")
+        raise AssertionError("unpickling or evaluating attempted")
 
     for owner, name in ((pickle, "loads"), (pickle, "load"), (pickle, "Unpickler"), (torch, "load"),
-                        (torch._C, "_pickle_load_obj")):
+                        (torch._C, "_pickle_load_obj"), (sympy, "sympify"), (unlift, "_convert_guards_code_to_fn")):
         monkeypatch.setattr(owner, name, no)
     program = read_archive(data)
     assert program.example_inputs is None and program._guards_code == []
+    program.module()(batch)  # building and calling the module evaluates nothing from the archive either
     monkeypatch.undo()
     # and csrun's writer leaves no pickle in the archive at all
     written = dict(_entries(save_program(program)))
