@@ -104,6 +104,7 @@ _REFUSED_OPS = frozenset({"from_file"})
 _KEPT_NODE_METADATA = ("stack_trace", "nn_module_stack")
 _PYTREE_IMPORTS = frozenset({"collections.defaultdict"})
 _STRIDED = 7  # torch._export.serde.schema.Layout.Strided
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ArchiveRefused(UserError):
@@ -193,7 +194,7 @@ class _Reader:
         self.entries: dict[str, zipfile.ZipInfo] = {}
 
     def refuse(self, where: str, why: str) -> ArchiveRefused:
-        return ArchiveRefused(f"{self.source}: {where}: {why}")
+        return ArchiveRefused(_one_line(f"{self.source}: {where[:200]}: {why}"))
 
     # the zip's entries -------------------------------------------------------------------
 
@@ -473,7 +474,7 @@ def read_archive(data: bytes | str | os.PathLike[str], *, source: str | None = N
         zf = _open(data)
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         reason = "not a zip file" if isinstance(exc, zipfile.BadZipFile) else str(exc)
-        raise ArchiveRefused(f"{name}: not a torch.export archive ({reason})") from None
+        raise ArchiveRefused(_one_line(f"{name}: not a torch.export archive ({reason})")) from None
     with zf:
         reader = _Reader(zf, name)
         try:
@@ -481,8 +482,11 @@ def read_archive(data: bytes | str | os.PathLike[str], *, source: str | None = N
             doc = reader.graph_json()
             state_dict = reader.tensors(_WEIGHTS_CONFIG, "data/weights/", _WEIGHT_FILE)
             constants = reader.tensors(_CONSTANTS_CONFIG, "data/constants/", _CONSTANT_FILE)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise ArchiveRefused(f"{name}: damaged archive ({type(exc).__name__}: {_first_line(exc)})") from None
+        except ArchiveRefused:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged zip, or JSON of unexpected shapes
+            raise ArchiveRefused(_one_line(f"{name}: damaged or malformed archive ({type(exc).__name__}: "
+                                           f"{_first_line(exc)})")) from None
     return _deserialize(doc, state_dict, constants, name)
 
 
@@ -495,16 +499,22 @@ def _deserialize(doc: dict[str, Any], state_dict: dict[str, torch.Tensor], const
     try:
         serialized = _dict_to_dataclass(schema.ExportedProgram, doc)
     except Exception as exc:  # noqa: BLE001 - any schema mismatch is a damaged archive
-        raise ArchiveRefused(f"{name}: {_MODEL}: not a serialized ExportedProgram ({type(exc).__name__}: "
-                             f"{_first_line(exc)})") from None
+        raise ArchiveRefused(_one_line(f"{name}: {_MODEL}: not a serialized ExportedProgram "
+                                       f"({type(exc).__name__}: {_first_line(exc)})")) from None
     with _LOCK:
         try:
             program = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
         except Exception as exc:  # noqa: BLE001 - torch's own consistency checks
-            raise ArchiveRefused(f"{name}: {_MODEL}: torch could not rebuild the program ({type(exc).__name__}: "
-                                 f"{_first_line(exc)})") from None
+            raise ArchiveRefused(_one_line(f"{name}: {_MODEL}: torch could not rebuild the program "
+                                           f"({type(exc).__name__}: {_first_line(exc)})")) from None
     program._guards_code = []
     return program
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters (newlines included) escaped: names in an archive are
+    the sender's, a refusal stays one line."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _first_line(exc: BaseException) -> str:
