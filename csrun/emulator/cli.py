@@ -208,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         server.shutdown()
         for s, h in previous.items():
             signal.signal(s, h)
-    print(f"{PROG}: stopped", flush=True)
+    try:
+        print(f"{PROG}: stopped", flush=True)
+    except BrokenPipeError:  # whoever read our stdout is gone (a job wrapper that ended first)
+        pass
     return 0
 
 
