@@ -67,7 +67,7 @@ def test_definition_builds_python311_torch_mpi_and_csrun() -> None:
     for needle in ("torch==2.13.0", "mpich", "mpi4py", "/opt/csrun[all]"):
         assert needle in post
     files = text.split("\n%files", 1)[1].split("\n%", 1)[0]
-    for path in ("setup.cfg", "pyproject.toml", "csrun", "configs"):
+    for path in ("pyproject.toml", "README.md", "csrun", "configs"):
         assert (REPO / path).exists() and f"{path} /opt/csrun/{path}" in files
     assert "%test" in text and 'grep -q "Python 3.11"' in text
 
