@@ -67,8 +67,15 @@ Environment read: the site config (``CSRUN_SITE_CONFIG``, ``CSRUN_*``),
 (``CSRUN_LAUNCHER=csrun_wse``, ``CSRUN_LAUNCH_MODE``, ``CSRUN_TOTAL_TASKS``,
 ``CSRUN_TOTAL_NODES``, the site's ``CSRUN_*``); ``CS_IP`` passes through.
 
-Exit codes: the step's (non-zero when any task fails: ``--kill-on-bad-exit`` ends the rest);
-2 for a bad option, value or site config; 1 when the launch fails.
+Every task runs under ``python -m csrun.launch.task`` (which reports how its command ended) and
+the step is supervised (:mod:`csrun.launch.supervisor`): when any task exits non-zero — before
+or after MPI init, in user code or in csrun's exit hooks — the whole job ends within seconds
+with one line, ``csrun_wse: task rank R on NODE exited with code C; ending the job``; killing
+csrun_wse (even with SIGKILL) takes mpiexec/srun, the tasks and the job's emulator along; the
+job's leftover MPICH segments in /dev/shm are removed on this node.
+
+Exit codes: the failed task's own code (a preempted run's 128+signal included), else the
+step's; 2 for a bad option, value or site config; 1 when the launch fails.
 """
 
 from __future__ import annotations
@@ -79,7 +86,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from csrun.cli.common import console_entry, run_cli, say, show_and_run
+from csrun.cli.common import console_entry, run_cli, say, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch.environment import task_environment
 from csrun.launch.hetjob import hetjob_script, submit_hetjob, wait_for_hetjob
@@ -87,6 +94,7 @@ from csrun.launch.layout import resolve_tasks_and_cpus, wse_layout
 from csrun.launch.options import SITE_QUERIES, WseOptions, help_text, parse_args
 from csrun.launch.slurm_probe import node_cpus, probe_slurm
 from csrun.launch.srun import mpiexec_argv, wse_srun_argv
+from csrun.launch.supervisor import make_state_dir, supervise, task_command
 from csrun.site import load_site_config
 
 PROG = "csrun_wse"
@@ -150,11 +158,18 @@ def _body(argv: list[str]) -> int:
         say(f"Submitted batch job {sub.job_id}; logs in {sub.log_folder}")
         return wait_for_hetjob(sub) if opts.wait else 0
     if use_slurm:
-        line = wse_srun_argv(command, layout, site)
+        line = wse_srun_argv(task_command(command), layout, site)
     else:
         say(f"{PROG}: no Slurm here ({status.reason}); running the {layout.total_tasks} tasks locally under mpiexec.")
-        line = mpiexec_argv(find_mpiexec(), command, layout)
-    return show_and_run("Launching", line, env, echo=opts.logging, dry_run=opts.dry_run)
+        line = mpiexec_argv(find_mpiexec(), task_command(command), layout)
+    if opts.logging or opts.dry_run:
+        say(f"Launching: {shown(line)}")
+    if opts.dry_run:
+        return 0
+    try:
+        return supervise(line, env, make_state_dir(shared=use_slurm), PROG)
+    except FileNotFoundError:
+        raise LaunchError(f"command not found: {line[0]!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,6 @@ Environment set for COMMAND on the chief: ``CS_IP``.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import subprocess
@@ -29,25 +28,17 @@ import time
 
 from csrun.cluster import cluster_info
 from csrun.errors import LaunchError, UsageError
-from csrun.launch.process import run_child, run_cli
+from csrun.launch.process import die_with_parent, run_child, run_cli
 
 PROG = "csrun_wse --emulator"
 LISTENING = "cs_emulator: listening on "
-
-
-def _die_with_parent() -> None:
-    """In the server's child process: get SIGTERM when the task wrapper dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def start_emulator(device: str, env: dict[str, str], timeout: float) -> tuple[subprocess.Popen[str], str]:
     """Start a cs_emulator on 127.0.0.1 with a free port; return it and its ``HOST:PORT``."""
     server = subprocess.Popen(
         [sys.executable, "-m", "csrun.emulator.cli", "--listen", "127.0.0.1:0", "--device", device],
-        env=env, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent,
+        env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent(signal.SIGTERM),
     )
     found: list[str] = []
     ready = threading.Event()

@@ -2,7 +2,9 @@
 
 :func:`run_child` runs an argv to its end and returns its exit code (128+N for signal N),
 forwarding SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 so Slurm's preemption signals reach the
-training script. :func:`run_cli` runs a command's body and turns a
+training script. The child dies with this process: it is started with ``PR_SET_PDEATHSIG``
+(:func:`die_with_parent`), so a launcher or wrapper killed with SIGKILL takes its child along
+(mpiexec, srun, a task) instead of leaving it running. :func:`run_cli` runs a command's body and turns a
 :class:`~csrun.errors.UserError` into ``prog: error: ...`` on stderr and its exit code.
 Both live here, in ``launch/``, because launch wrappers (``python -m
 csrun.launch.job_emulator``) are commands too; :mod:`csrun.cli.common` re-exports them.
@@ -10,10 +12,26 @@ csrun.launch.job_emulator``) are commands too; :mod:`csrun.cli.common` re-export
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import subprocess
 import sys
 from typing import Callable, Sequence
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies (Linux; a no-op
+    where prctl is missing)."""
+
+    def preexec() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+        except (OSError, AttributeError):
+            pass
+
+    return preexec
 
 from csrun.errors import UserError
 
@@ -31,13 +49,15 @@ def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | N
         return 130
 
 
-def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False) -> int:
+def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False,
+              parent_death: int = signal.SIGTERM) -> int:
     """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 on to it; its exit code (128+N for signal N).
 
     ``keep_fds``: the child inherits every open file descriptor (an MPI task needs the PMI
-    socket srun gave this process, named by ``PMI_FD``).
+    socket srun gave this process, named by ``PMI_FD``). ``parent_death``: the signal the child
+    gets if this process dies first.
     """
-    child = subprocess.Popen(list(argv), env=env, close_fds=not keep_fds)
+    child = subprocess.Popen(list(argv), env=env, close_fds=not keep_fds, preexec_fn=die_with_parent(parent_death))
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
     previous = {s: signal.getsignal(s) for s in forwarded}
 

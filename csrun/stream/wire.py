@@ -17,6 +17,13 @@ Environment variables read:
 ``CSRUN_STREAM_ERROR_GRACE``
     Seconds a failed streamer waits for the chief to end the job before it aborts the job
     itself. Default 10.
+``CSRUN_MPI_INIT_TIMEOUT``
+    Seconds a task may wait in ``MPI_Init`` (it waits there for every other task of the job)
+    before it gives up with one line (exit code 137). Default 120. ``MPI_Init`` cannot be
+    interrupted, so a watchdog process ends the task: a task that exited before joining MPI
+    (a failed import, a missing data folder) no longer leaves the others waiting forever, even
+    under a plain ``mpiexec`` or ``srun`` that csrun did not start (csrun_wse also ends the job
+    as soon as any task exits non-zero: :mod:`csrun.launch.supervisor`).
 
 mpi4py is imported only by :func:`mpi`, so a single-task run never loads MPI.
 """
@@ -24,6 +31,8 @@ mpi4py is imported only by :func:`mpi`, so a single-task run never loads MPI.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -91,10 +100,42 @@ def error_grace() -> float:
     return _env_seconds("CSRUN_STREAM_ERROR_GRACE", 10.0)
 
 
-def mpi() -> Any:
-    """The ``mpi4py.MPI`` module (imported here, lazily, so single-task runs never load MPI)."""
-    from mpi4py import MPI
+def mpi_init_timeout() -> float:
+    """``CSRUN_MPI_INIT_TIMEOUT`` in seconds (default 120)."""
+    return _env_seconds("CSRUN_MPI_INIT_TIMEOUT", 120.0)
 
+
+_mpi_ready = False
+_WATCHDOG = ("import os, sys, time; time.sleep(float(sys.argv[1])); sys.stderr.write(sys.argv[2] + '\\n'); "
+             "sys.stderr.flush(); os.getppid() == int(sys.argv[3]) and os.kill(int(sys.argv[3]), 9)")
+
+
+def mpi() -> Any:
+    """The ``mpi4py.MPI`` module (imported here, lazily, so single-task runs never load MPI).
+
+    The first call initialises MPI under a watchdog (``CSRUN_MPI_INIT_TIMEOUT``): a task whose
+    peers never join ends with one line instead of waiting forever. ``MPI_Init`` holds the GIL,
+    so the watchdog is a separate small Python process that prints the line and SIGKILLs this one
+    (exit 137) unless it is stopped first."""
+    global _mpi_ready
+    if _mpi_ready:
+        from mpi4py import MPI
+
+        return MPI
+    limit = mpi_init_timeout()
+    rank = os.environ.get("PMI_RANK", os.environ.get("SLURM_PROCID", "?"))
+    line = (f"csrun: rank {rank}: MPI_Init did not complete within {limit:g} s: a task of this job exited (or "
+            f"never started) before joining MPI; ending this task (CSRUN_MPI_INIT_TIMEOUT)")
+    watchdog = subprocess.Popen([sys.executable, "-S", "-E", "-c", _WATCHDOG, f"{limit:g}", line, str(os.getpid())],
+                                stdin=subprocess.DEVNULL)
+    try:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Get_rank()  # MPI_Init has run by now (mpi4py initialises on import)
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+    _mpi_ready = True
     return MPI
 
 

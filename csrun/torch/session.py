@@ -30,7 +30,7 @@ from csrun.stream.errors import StreamError
 from csrun.stream.receiver import Receiver
 from csrun.stream.sender import run_streamer
 from csrun.stream.stats import StreamerStats, StreamStats, print_report
-from csrun.stream.wire import mpi
+from csrun.stream.wire import error_grace, mpi, stream_timeout
 from csrun.torch.dataloader import StreamingDataLoader
 from csrun.torch.state import comm, state
 
@@ -77,6 +77,8 @@ class Session:
         if st.streaming and st.streamed:
             raise SessionError("only one Session per run can stream: the streamers exit when the "
                                "first one ends")
+        if st.streaming:
+            stream_timeout(), error_grace()  # a bad setting fails here, while the streamers can still be released
         st.backend.begin_session(self.mode)
         if st.streaming:
             st.streamed = True
@@ -86,6 +88,8 @@ class Session:
                 self._receiver.start()
             except StreamError as exc:
                 abort_job(str(exc))
+            except Exception as exc:  # noqa: BLE001 - the streamers wait for START: end the whole job
+                abort_job(f"the session could not start streaming: {type(exc).__name__}: {exc}")
             sys.stderr.write(f"csrun: streaming from {st.info.num_streamers} streamer(s): "
                              f"{self._receiver.describe()}\n")
             sys.stderr.flush()

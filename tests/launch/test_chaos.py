@@ -57,8 +57,12 @@ def task_pids(mark: int) -> dict[int, int]:
         ranks = [e.split(b"=", 1)[1] for e in env if e.startswith(b"PMI_RANK=")]
         if not ranks or b"CSRUN_CHAOS_JOB=" + str(mark).encode() not in env:
             continue
-        if "python" in stat.split(")")[0]:
-            found[int(ranks[0])] = int(entry.name)
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if "python" in stat.split(")")[0] and b"run.py" in cmdline and b"csrun.launch.task" not in cmdline:
+            found[int(ranks[0])] = int(entry.name)  # the task itself, not csrun's wrapper around it
     return found
 
 

@@ -1,0 +1,67 @@
+"""Run one task of a csrun_wse job and report how it ended: ``python -m csrun.launch.task -- COMMAND``.
+
+csrun_wse starts every task through this wrapper (users need not). It runs COMMAND as a child
+(which dies with the wrapper, ``PR_SET_PDEATHSIG``; the PMI file descriptors stay open for MPI;
+SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 are passed on), and when COMMAND ends, however it ends,
+writes ``exit.<rank>`` into the job's state folder: ``<exit code> <node>``, the code being
+COMMAND's own (128+N when a signal N ended it). The launcher's supervisor
+(:mod:`csrun.launch.supervisor`) watches that folder and ends the whole job as soon as a task
+reports a non-zero code, naming the rank, the node and the code. The wrapper's exit code is
+COMMAND's.
+
+Environment read: ``CSRUN_JOB_STATE`` (the state folder; without it nothing is written) and
+the rank variables of :mod:`csrun.cluster`. It imports neither torch nor MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from csrun.cluster import cluster_info
+from csrun.errors import UsageError
+from csrun.launch.process import run_child, run_cli
+
+PROG = "csrun_wse (task)"
+STATE_ENV = "CSRUN_JOB_STATE"
+"""The job's state folder, set by the launcher for every task."""
+
+
+def report_exit(state_dir: str, rank: int, node: str, code: int) -> None:
+    """Write ``exit.<rank>`` (``<code> <node>``) atomically into ``state_dir``; errors are ignored
+    (the job then ends by MPI's or Slurm's own means)."""
+    folder = Path(state_dir)
+    tmp = folder / f".exit.{rank}.{os.getpid()}"
+    try:
+        tmp.write_text(f"{code} {node}\n")
+        os.replace(tmp, folder / f"exit.{rank}")
+    except OSError:
+        pass
+
+
+def _body(argv: list[str]) -> int:
+    command = argv[1:] if argv[:1] == ["--"] else argv
+    if not command:
+        raise UsageError("no command given after --")
+    info = cluster_info()
+    code = 1
+    try:
+        code = run_child(command, dict(os.environ), keep_fds=True, parent_death=9)
+    except FileNotFoundError:
+        print(f"{PROG}: error: command not found: {command[0]!r}", file=sys.stderr, flush=True)
+        code = 127
+    finally:
+        state = os.environ.get(STATE_ENV, "")
+        if state:
+            report_exit(state, info.rank, info.node_name, code)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The wrapper's entry point; returns COMMAND's exit code."""
+    return run_cli(PROG, _body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

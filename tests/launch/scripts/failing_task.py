@@ -1,0 +1,53 @@
+"""A three-task csrun.torch job that fails where ``FAIL=RANK:PHASE:CODE`` says (tests/launch/test_job_failures.py).
+
+Phases: ``before`` (sys.exit before csrun or MPI is imported), ``stream`` (os._exit while the
+task's DataLoader makes batch 5: a streamer dies mid-stream, or a lone chief mid-step), ``step``
+(sys.exit in the chief's loop at step 3), ``atexit`` (os._exit in an exit hook after the job's
+work), ``none``. ``STEP_SLEEP`` seconds between steps (default 0.01).
+"""
+
+import atexit
+import os
+import sys
+import time
+
+rank = int(os.environ.get("PMI_RANK", os.environ.get("SLURM_PROCID", "0")))
+victim, phase, code = os.environ.get("FAIL", "-1:none:0").split(":")
+mine = rank == int(victim)
+if mine and phase == "before":
+    sys.exit(int(code))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import csrun.torch as cbtorch  # noqa: E402
+
+
+class Data(Dataset):
+    def __len__(self) -> int:
+        return 4096
+
+    made = 0
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        Data.made += 1
+        if mine and phase == "stream" and Data.made == 5 * 8:  # this task's 5th batch
+            os._exit(int(code))
+        return torch.full((4,), float(i))
+
+
+if mine and phase == "atexit":
+    atexit.register(lambda: os._exit(int(code)))
+cbtorch.initialize(None)
+loader = cbtorch.dataloader(DataLoader(Data(), batch_size=8, drop_last=True))
+pause = float(os.environ.get("STEP_SLEEP", "0.01"))
+with cbtorch.Session(loader):
+    for i, batch in enumerate(loader):
+        if mine and phase == "step" and i == 3:
+            sys.exit(int(code))
+        if i == 1:
+            print("STEPPING", flush=True)
+        time.sleep(pause)
+        if i == 60:
+            break
+print(f"rank {rank} done", flush=True)

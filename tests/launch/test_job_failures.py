@@ -1,0 +1,104 @@
+"""Every way a task can fail ends the whole csrun_wse job within seconds, with that task's code.
+
+A three-task job (tests/launch/scripts/failing_task.py) fails where ``FAIL=RANK:PHASE:CODE``
+says: before MPI init, inside Session entry (a bad CSRUN_STREAM_TIMEOUT), mid-stream on a
+streamer, mid-step on the chief, in an exit hook. Local mode (mpiexec) here; the same under
+Slurm in tests/slurm/test_job_failures_on_cluster.py. Also: a SIGKILLed csrun_wse takes its
+tasks (and a job's emulator) along, and an aborted job leaves no MPICH segment in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN
+
+SCRIPT = Path(__file__).parent / "scripts" / "failing_task.py"
+END_WITHIN_S = 10.0
+pytestmark = pytest.mark.timeout(120)
+
+
+def job(env: dict[str, str], *options: str) -> list[str]:
+    return [str(BIN / "csrun_wse"), "--total-nodes", "3", *options, sys.executable, str(SCRIPT)]
+
+
+def leftovers() -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(SCRIPT) in line or "csrun.emulator.cli" in line]
+
+
+def shm() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
+
+
+@pytest.mark.parametrize("fail, extra_env, code, rank", [
+    ("1:before:7", {}, 7, 1),            # a streamer exits before MPI init
+    ("0:before:5", {}, 5, 0),            # the chief exits before MPI init
+    ("-1:none:0", {"CSRUN_STREAM_TIMEOUT": "abc"}, 1, 0),  # inside Session entry
+    ("1:stream:9", {}, 9, 1),            # a streamer dies mid-stream
+    ("0:step:3", {}, 3, 0),              # the chief exits mid-step
+    ("2:atexit:4", {}, 4, 2),            # a streamer's exit hook fails after its work
+])
+def test_a_failed_task_ends_the_job_with_its_code(no_slurm_env: dict[str, str], fail: str, extra_env: dict[str, str],
+                                                  code: int, rank: int) -> None:
+    before = shm()
+    t0 = time.monotonic()
+    done = subprocess.run(job(no_slurm_env), env={**no_slurm_env, "FAIL": fail, **extra_env}, capture_output=True,
+                          text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert done.returncode == code, done.stdout + done.stderr
+    assert f"csrun_wse: task rank {rank} on " in done.stderr and f"exited with code {code}" in done.stderr, done.stderr
+    assert took < END_WITHIN_S + 5, f"{took:.1f} s"  # the job's own start-up included
+    assert not leftovers()
+    assert not (shm() - before), "the job left MPICH segments in /dev/shm"
+
+
+def test_a_job_that_succeeds_exits_0(no_slurm_env: dict[str, str]) -> None:
+    done = subprocess.run(job(no_slurm_env), env={**no_slurm_env, "FAIL": "-1:none:0"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 done" in done.stdout and "exited with code" not in done.stderr
+
+
+@pytest.mark.parametrize("options", [(), ("--emulator",)])
+def test_kill_9_of_csrun_wse_takes_the_job_along(no_slurm_env: dict[str, str], tmp_path: Path, options: tuple[str, ...]) -> None:
+    log = tmp_path / "out.txt"
+    with log.open("w") as out:
+        proc = subprocess.Popen(job(no_slurm_env, *options), env={**no_slurm_env, "FAIL": "-1:none:0", "STEP_SLEEP": "0.5"},
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "STEPPING" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert leftovers()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        t0 = time.monotonic()
+        while leftovers() and time.monotonic() - t0 < END_WITHIN_S:
+            time.sleep(0.2)
+        assert not leftovers(), leftovers()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for line in leftovers():
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def test_without_csrun_wse_a_task_waiting_in_mpi_init_gives_up(no_slurm_env: dict[str, str]) -> None:
+    """Under a plain mpiexec (no supervisor), the task whose peer never joins MPI ends after
+    CSRUN_MPI_INIT_TIMEOUT with one line, instead of waiting forever."""
+    t0 = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).parent / "mpiexec"), "-n", "3", sys.executable, str(SCRIPT)],
+                          env={**no_slurm_env, "FAIL": "1:before:7", "CSRUN_MPI_INIT_TIMEOUT": "3"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "MPI_Init did not complete within 3 s" in done.stdout + done.stderr
+    assert time.monotonic() - t0 < 20

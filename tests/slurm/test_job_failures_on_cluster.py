@@ -1,0 +1,34 @@
+"""Under Slurm: a failed task ends the csrun_wse job within seconds and the job exits with that
+task's own code (not srun's 137/143), naming its rank and node (issue 11 items 6 and 10)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
+
+SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "failing_task.py"
+
+
+@pytest.mark.parametrize("fail, code, rank, node", [
+    ("1:before:7", 7, 1, "cs-w1"),   # a streamer exits before MPI init
+    ("0:step:3", 3, 0, "cs-chief"),  # the chief crashes mid-step: 3, not srun's 143
+    ("2:stream:9", 9, 2, "cs-w2"),   # a streamer dies mid-stream
+])
+def test_a_failed_task_ends_the_job_with_its_code(slurm_env: dict[str, str], tmp_path: Path, fail: str, code: int,
+                                                  rank: int, node: str) -> None:
+    t0 = time.monotonic()
+    done = subprocess.run([str(BIN / "csrun_wse"), "--total-nodes", "3", "--tasks-per-node", "1", sys.executable, str(SCRIPT)],
+                          env={**slurm_env, "FAIL": fail}, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    took = time.monotonic() - t0
+    assert done.returncode == code, done.stdout + done.stderr
+    assert f"csrun_wse: task rank {rank} on {node} exited with code {code}" in done.stderr, done.stderr
+    assert took < 30, f"{took:.1f} s"  # Slurm's step start-up included
+    assert not list(tmp_path.glob(".csrun_job.*")), "the job's state folder was left behind"
