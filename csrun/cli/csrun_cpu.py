@@ -17,6 +17,12 @@ Options:
 ``--mount-dirs a,b``
     Extra paths to bind into the container, added to the site's (passed to python-pt
     through ``CSRUN_MOUNT_DIRS``).
+``--legacy-imports``
+    Run an R1.x script with no edit at all: for this job only, ``import cerebras.framework.torch
+    as cbtorch`` and ``import cerebras.framework.torch.core.cb_model as cm`` resolve to
+    :mod:`csrun.torch` and :mod:`csrun.torch.core.cb_model` (a shim folder inside csrun goes
+    first on every task's ``PYTHONPATH``, with ``CSRUN_LEGACY_IMPORTS=1``; nothing named
+    ``cerebras`` is installed). In a container the image's csrun must sit at the same path.
 ``--logging True/False`` (default True)
     Echo the ``Running: ...`` line.
 ``--exclude_gres True/False`` (default True)
@@ -55,7 +61,7 @@ import sys
 from csrun.cli.common import console_entry, run_cli, say, show_and_run, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch import sbatch
-from csrun.launch.environment import task_environment
+from csrun.launch.environment import legacy_imports_environment, task_environment
 from csrun.launch.options import SITE_QUERIES, CpuOptions, help_text, parse_args
 from csrun.launch.slurm_probe import probe_slurm
 from csrun.launch.srun import cpu_srun_argv
@@ -91,6 +97,8 @@ def _body(argv: list[str]) -> int:
         launcher=PROG, mode="slurm" if use_slurm else "local", site=site,
         extra_mounts=opts.mount_dirs, total_tasks=1, total_nodes=1,
     )
+    if opts.legacy_imports:
+        env.update(legacy_imports_environment(env))
 
     if opts.use_sbatch:
         if opts.dry_run:

@@ -36,6 +36,12 @@ word that is not an option):
     (see there).
 ``--mount-dirs a,b``
     Extra container binds, added to the site's (passed on as ``CSRUN_MOUNT_DIRS``).
+``--legacy-imports``
+    Run an R1.x script with no edit at all: for this job only, ``import cerebras.framework.torch
+    as cbtorch`` and ``import cerebras.framework.torch.core.cb_model as cm`` resolve to
+    :mod:`csrun.torch` and :mod:`csrun.torch.core.cb_model` (a shim folder inside csrun goes
+    first on every task's ``PYTHONPATH``, with ``CSRUN_LEGACY_IMPORTS=1``; nothing named
+    ``cerebras`` is installed). In a container the image's csrun must sit at the same path.
 ``--logging True/False`` (default True)
     Echo the ``Launching: ...`` line.
 ``--dry-run``
@@ -88,7 +94,7 @@ from pathlib import Path
 
 from csrun.cli.common import console_entry, run_cli, say, shown
 from csrun.errors import LaunchError, UsageError
-from csrun.launch.environment import task_environment
+from csrun.launch.environment import legacy_imports_environment, task_environment
 from csrun.launch.hetjob import hetjob_script, submit_hetjob, wait_for_hetjob
 from csrun.launch.layout import resolve_tasks_and_cpus, wse_layout
 from csrun.launch.options import SITE_QUERIES, WseOptions, help_text, parse_args
@@ -143,6 +149,8 @@ def _body(argv: list[str]) -> int:
         launcher=PROG, mode="slurm" if use_slurm else "local", site=site, extra_mounts=opts.mount_dirs,
         total_tasks=layout.total_tasks, total_nodes=layout.total_nodes,
     )
+    if opts.legacy_imports:
+        env.update(legacy_imports_environment(env))
     command = list(parsed.command)
     if opts.emulator:
         env["CSRUN_EMULATOR_TOKEN"] = secrets.token_urlsafe(32)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Mapping
 
 from csrun.site import SiteConfig, site_environment
@@ -65,3 +66,15 @@ def task_environment(
         CSRUN_TOTAL_NODES=str(total_nodes),
     )
     return env
+
+
+LEGACY_SHIM = Path(__file__).resolve().parents[1] / "torch" / "legacy_shim"
+"""The folder whose ``cerebras`` package maps the legacy imports onto csrun (``--legacy-imports``)."""
+
+
+def legacy_imports_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``PYTHONPATH`` with :data:`LEGACY_SHIM` first, and ``CSRUN_LEGACY_IMPORTS=1``: the job's
+    ``import cerebras.framework.torch`` resolves to csrun.torch (nothing is installed)."""
+    current = env.get("PYTHONPATH", "")
+    path = str(LEGACY_SHIM) + (os.pathsep + current if current else "")
+    return {"PYTHONPATH": path, "CSRUN_LEGACY_IMPORTS": "1"}

@@ -57,6 +57,8 @@ class CommonOptions:
     time: str = _opt("", "with --use-sbatch: the job's time limit (Slurm format, e.g. 30 or 01:00:00)")
     job_name: str = _opt("", "with --use-sbatch: the job's name (default: csrun_cpu / csrun_wse)")
     log_dir: str = _opt("csrun_logs", "with --use-sbatch: folder for the job's logs (one sub-folder per job id)")
+    legacy_imports: bool = _opt(False, "let the job's unchanged R1.x scripts import cerebras.framework.torch "
+                                       "(and ...core.cb_model): they resolve to csrun.torch for this job only", flag=True)
 
 
 @dataclass(kw_only=True)

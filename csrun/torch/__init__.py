@@ -68,10 +68,22 @@ State and step (both paths): :func:`global_step` (optimizer steps taken),
 keys, see :mod:`csrun.driver.legacy_state`), :func:`set_state` (before or between steps),
 :func:`compile_info` (compile seconds and the estimated samples/s, for performance.json).
 
+The legacy surface: ``import csrun.torch.core.cb_model as cm`` (``add_step_closure(fn,
+args=(), kwargs={}, run_async=False)``, ``step_closure``, ``mark_step``, ``get_ordinal``,
+``get_local_ordinal``, ``is_master_ordinal(local=False)``, ``xrt_world_size``: see
+:mod:`csrun.torch.core.cb_model`); ``module(model, device=None)``; ``Session.add_step_closure``
+and ``Session.mark_step``; :func:`save` / :func:`load` (the ``.mdl`` file as weights-only data:
+:mod:`csrun.torch.saving`). Scripts that keep the R1.x imports (``import
+cerebras.framework.torch as cbtorch``) run unedited under ``csrun_wse --legacy-imports`` /
+``csrun_cpu --legacy-imports``, which put a shim folder (``csrun/torch/legacy_shim``) first on
+the job's ``PYTHONPATH``; nothing named ``cerebras`` is installed. Not provided: ``cbtorch.amp``
+(loss scaling is the device's, from the settings' ``loss_scaling_factor``; on the CPU use
+``torch.amp``) and ``cbtorch.state()``.
+
 Public names: :func:`initialize`, :func:`module`, :func:`optimizer`, :func:`dataloader`,
 :class:`Session`, :func:`add_step_closure`, :func:`step_closure`, :func:`global_step`,
-:func:`get_state`, :func:`set_state`, :func:`compile_info` and the helpers of
-:mod:`csrun.torch.helpers`. Errors a user can fix derive from
+:func:`get_state`, :func:`set_state`, :func:`compile_info`, :func:`save`, :func:`load` and
+the helpers of :mod:`csrun.torch.helpers`. Errors a user can fix derive from
 :class:`csrun.errors.UserError`. Environment variables: those of :mod:`csrun.cluster`
 (rank, size, node, ``CSRUN_LAUNCHER``, ``SLURM_JOB_ID``) and :mod:`csrun.stream.wire`
 (``CSRUN_STREAM_TIMEOUT``, ``CSRUN_STREAM_ERROR_GRACE``); ``CS_IP`` (the device address when
@@ -96,6 +108,7 @@ from csrun.torch.closures import add_step_closure, step_closure
 from csrun.torch.dataloader import StreamingDataLoader, dataloader
 from csrun.torch.device_backend import make_device_backend
 from csrun.torch.helpers import (
+    get_local_ordinal,
     get_ordinal,
     get_streaming_rank,
     is_master_ordinal,
@@ -107,15 +120,22 @@ from csrun.torch.helpers import (
     rendezvous,
     task_id,
     use_cs,
+    world_size,
 )
+from csrun.torch.saving import CheckpointFileError, load, save
 from csrun.torch.session import Session, SessionError
 from csrun.torch.sharding import DataLoaderError
 from csrun.torch.state import initialize
 from csrun.torch.state import state as _state
 
 
-def module(model: torch.nn.Module) -> torch.nn.Module:
-    """The model as the backend runs it (on the CPU: the model itself)."""
+def module(model: torch.nn.Module, device: Any = None) -> torch.nn.Module:
+    """The model as the backend runs it (on the CPU: the model itself). ``device`` is accepted for
+    legacy scripts (``cbtorch.module(model, device)``) and must be None or the CPU: the device's
+    placement is csrun's."""
+    if device is not None and torch.device(device).type != "cpu":
+        raise UserError(f"cbtorch.module(model, device={device!r}): the model stays on the CPU; the device "
+                        f"(cs_ip, or the embedded emulator) gets its weights when the step is compiled")
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"cbtorch.module() needs a torch.nn.Module, got {type(model).__name__}")
     return _state().backend.prepare_module(model)
@@ -158,6 +178,7 @@ def compile_info() -> CompileInfo | None:
 
 __all__ = [
     "initialize", "module", "optimizer", "dataloader", "Session", "add_step_closure", "step_closure",
+    "save", "load", "CheckpointFileError", "get_local_ordinal", "world_size",
     "use_cs", "is_master_ordinal", "is_streamer", "get_ordinal", "get_streaming_rank", "num_tasks",
     "num_streamers", "task_id", "master_print", "rendezvous", "mesh_reduce",
     "StreamingDataLoader", "StreamStats", "StreamError", "BatchError", "DataLoaderError", "SessionError",

@@ -23,11 +23,15 @@ from csrun.torch.state import state
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def add_step_closure(fn: Callable[..., Any], args: tuple = (), run_async: bool = False) -> None:
-    """Run ``fn(*args)`` at the end of the current step, after the closures added before it."""
+def add_step_closure(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str, Any] | None = None,
+                     run_async: bool = False) -> None:
+    """Run ``fn(*args, **kwargs)`` at the end of the current step, after the closures added before it
+    (the legacy ``cm.add_step_closure(fn, args=(), kwargs={}, run_async=False)``)."""
     if not callable(fn):
         raise UserError(f"add_step_closure needs a callable, got {type(fn).__name__} {fn!r}")
-    state().closures.append(StepClosure(fn=fn, args=tuple(args), run_async=run_async))
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise UserError(f"add_step_closure: kwargs must be a dict, got {type(kwargs).__name__}")
+    state().closures.append(StepClosure(fn=fn, args=tuple(args), kwargs=dict(kwargs or {}), run_async=run_async))
 
 
 def step_closure(fn: F) -> F:

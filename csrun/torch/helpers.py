@@ -44,9 +44,21 @@ def use_cs() -> bool:
     return state().options.uses_device
 
 
-def is_master_ordinal() -> bool:
-    """True on the chief."""
-    return state().info.is_chief
+def is_master_ordinal(local: bool = False) -> bool:
+    """True on the chief; ``local=True``: True on the first task of this node (as the legacy
+    ``is_master_ordinal(local=...)``)."""
+    info = state().info
+    return info.local_rank == 0 if local else info.is_chief
+
+
+def get_local_ordinal() -> int:
+    """This task's rank among the tasks on its node."""
+    return state().info.local_rank
+
+
+def world_size() -> int:
+    """Every task of the job (the chief and the streamers); ``xrt_world_size`` in the legacy module."""
+    return state().info.num_tasks
 
 
 def is_streamer() -> bool:

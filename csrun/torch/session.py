@@ -31,6 +31,7 @@ from csrun.stream.receiver import Receiver
 from csrun.stream.sender import run_streamer
 from csrun.stream.stats import StreamerStats, StreamStats, print_report
 from csrun.stream.wire import error_grace, mpi, stream_timeout
+from csrun.torch.closures import add_step_closure, end_step
 from csrun.torch.dataloader import StreamingDataLoader
 from csrun.torch.state import comm, state
 
@@ -96,6 +97,15 @@ class Session:
             self.dataloader.attach(self._receiver)
         st.session = self
         return self
+
+    def add_step_closure(self, fn: Any, args: tuple = (), kwargs: dict[str, Any] | None = None,
+                         run_async: bool = False) -> None:
+        """The legacy ``session.add_step_closure``: as :func:`csrun.torch.add_step_closure`."""
+        add_step_closure(fn, args, kwargs, run_async)
+
+    def mark_step(self) -> None:
+        """The legacy ``session.mark_step``: end the current step now (see ``cb_model.mark_step``)."""
+        end_step()
 
     def _stream_and_exit(self) -> None:
         st = state()

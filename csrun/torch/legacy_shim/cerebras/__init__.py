@@ -1,0 +1,1 @@
+"""Legacy import shim (csrun --legacy-imports): the ``cerebras`` namespace maps onto csrun."""

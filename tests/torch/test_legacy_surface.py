@@ -1,0 +1,115 @@
+"""The R1.x surface: cb_model, module(model, device), Session.add_step_closure / mark_step,
+cbtorch.save / load as weights-only data, and --legacy-imports running the seed's loop unedited."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import csrun.torch as cbtorch
+import csrun.torch.core.cb_model as cm
+from csrun.errors import UserError
+from csrun.torch import state as state_mod
+from tests.conftest import BIN
+
+SCRIPT = Path(__file__).parent / "scripts" / "legacy_loop.py"
+
+
+@pytest.fixture(autouse=True)
+def lone_chief(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    for name in ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "CS_IP",
+                 "CSRUN_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+    state_mod.reset_for_tests()
+    yield
+    state_mod.reset_for_tests()
+
+
+def loader() -> cbtorch.StreamingDataLoader:
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g))
+    return cbtorch.dataloader(DataLoader(data, batch_size=8, drop_last=True))
+
+
+def test_cb_model_ordinals() -> None:
+    assert (cm.get_ordinal(), cm.get_local_ordinal(), cm.xrt_world_size()) == (0, 0, 1)
+    assert cm.is_master_ordinal() and cm.is_master_ordinal(local=True)
+    assert cbtorch.is_master_ordinal(local=False) and cbtorch.world_size() == 1
+
+
+def test_add_step_closure_with_kwargs_and_mark_step_run_it_at_once() -> None:
+    seen: list[tuple] = []
+    dl = loader()
+    with cbtorch.Session(dl, report=False) as session:
+        for i, (x, _) in enumerate(dl):
+            cm.add_step_closure(lambda a, b=None: seen.append(("cm", a, b)), args=(i,), kwargs={"b": "k"})
+            cm.mark_step()
+            assert seen[-1] == ("cm", i, "k")  # mark_step ended the step: its closure ran
+            session.add_step_closure(lambda a: seen.append(("session", a)), args=(i,))
+            session.mark_step()
+            assert seen[-1] == ("session", i)
+    assert len(seen) == 8
+    with pytest.raises(UserError, match="kwargs must be a dict"):
+        cm.add_step_closure(print, kwargs=[1])  # type: ignore[arg-type]
+
+
+def test_module_takes_a_legacy_device_argument() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert cbtorch.module(model, None) is model and cbtorch.module(model, device="cpu") is model
+    with pytest.raises(UserError, match="device='cuda'.*stays on the CPU"):
+        cbtorch.module(model, device="cuda")
+
+
+def test_save_and_load_are_weights_only(tmp_path: Path) -> None:
+    state = {"model": {"w": torch.arange(4.0)}, "global_step": 3}
+    path = tmp_path / "checkpoint_3.mdl"
+    cbtorch.save(state, path)
+    got = cbtorch.load(path)
+    assert torch.equal(got["model"]["w"], state["model"]["w"]) and got["global_step"] == 3
+    with pytest.raises(cbtorch.CheckpointFileError, match="not plain data"):
+        cbtorch.save({"model": torch.nn.Linear(2, 2)}, tmp_path / "module.mdl")
+    assert not (tmp_path / "module.mdl").exists()
+
+
+def test_load_refuses_a_pickle_payload_without_running_it(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> tuple:
+            return (Path.touch, (marker,))
+
+    path = tmp_path / "evil.mdl"
+    torch.save({"model": Evil()}, path)
+    with pytest.raises(cbtorch.CheckpointFileError, match=r"not a weights-only checkpoint \(nothing in it was run\)"):
+        cbtorch.load(path)
+    assert not marker.exists()
+
+
+def losses(out: str) -> list[float]:
+    line = next(x for x in out.splitlines() if x.startswith("LOSSES"))
+    return [float(v) for v in line.split()[1:]]
+
+
+@pytest.mark.timeout(180)
+def test_legacy_imports_run_the_seed_loop_unedited(no_slurm_env: dict[str, str]) -> None:
+    plain = subprocess.run([sys.executable, str(SCRIPT)], env=no_slurm_env, capture_output=True, text=True, timeout=60)
+    assert plain.returncode != 0 and "No module named 'cerebras'" in plain.stderr  # nothing is installed
+    cpu = subprocess.run([str(BIN / "csrun_cpu"), "--legacy-imports", sys.executable, str(SCRIPT)], env=no_slurm_env,
+                         capture_output=True, text=True, timeout=60)
+    assert cpu.returncode == 0, cpu.stderr
+    device = {}
+    for nodes in ("1", "3"):
+        wse = subprocess.run([str(BIN / "csrun_wse"), "--legacy-imports", "--total-nodes", nodes, sys.executable,
+                              str(SCRIPT)], env=no_slurm_env, capture_output=True, text=True, timeout=120)
+        assert wse.returncode == 0, wse.stderr
+        device[nodes] = losses(wse.stdout)
+    eager = losses(cpu.stdout)
+    assert len(eager) == 16 and len(device["1"]) == 16 and len(device["3"]) == 16
+    # one task: the same batches; the device runs the default mixed precision (float16 rounding)
+    assert max(abs(a - b) for a, b in zip(eager, device["1"])) < 1e-3
+    assert all(0.5 < x < 2.0 for x in device["3"])  # two streamers: the same data in the streamers' order
