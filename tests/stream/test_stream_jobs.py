@@ -89,9 +89,14 @@ def test_streamer_exception_ends_the_job_naming_rank_and_error(tmp_path):
     job = run_job(tmp_path / "o", 3, "--n", "24", "--fail-at", "5")
     assert job.rc != 0
     assert job.seconds < 30
-    # sample 5 belongs to streamer 1 of 2 = rank 2
-    assert "csrun: error: streamer rank 2 (node " in job.output
-    assert "failed in its input pipeline: ValueError: bad sample 5" in job.output
+    # sample 5 belongs to streamer 1 of 2 = rank 2. The failing streamer names itself and the
+    # error at once; the chief's own line ("csrun: error: streamer rank 2 ... failed in its input
+    # pipeline: ValueError: bad sample 5") comes before its MPI_Abort, and hydra may tear the job
+    # down before forwarding it (seen about one run in five on two loaded cores)
+    assert "csrun: streamer rank 2 (node " in job.output and "ValueError: bad sample 5" in job.output
+    chief_line = "csrun: error: streamer rank 2 (node "
+    if chief_line in job.output:
+        assert "failed in its input pipeline: ValueError: bad sample 5" in job.output
 
 
 @pytest.mark.timeout(60)
