@@ -76,9 +76,10 @@ and ``Session.mark_step``; :func:`save` / :func:`load` (the ``.mdl`` file as wei
 :mod:`csrun.torch.saving`). Scripts that keep the R1.x imports (``import
 cerebras.framework.torch as cbtorch``) run unedited under ``csrun_wse --legacy-imports`` /
 ``csrun_cpu --legacy-imports``, which put a shim folder (``csrun/torch/legacy_shim``) first on
-the job's ``PYTHONPATH``; nothing named ``cerebras`` is installed. Not provided: ``cbtorch.amp``
-(loss scaling is the device's, from the settings' ``loss_scaling_factor``; on the CPU use
-``torch.amp``) and ``cbtorch.state()``.
+the job's ``PYTHONPATH``; nothing named ``cerebras`` is installed. ``cbtorch.amp.GradScaler``
+(:mod:`csrun.torch.amp`): ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``
+scales on the CPU and leaves the scaling to the device on the device. Not provided:
+``cbtorch.state()``.
 
 Public names: :func:`initialize`, :func:`module`, :func:`optimizer`, :func:`dataloader`,
 :class:`Session`, :func:`add_step_closure`, :func:`step_closure`, :func:`global_step`,
@@ -122,6 +123,7 @@ from csrun.torch.helpers import (
     use_cs,
     world_size,
 )
+from csrun.torch import amp  # noqa: E402  (cbtorch.amp.GradScaler)
 from csrun.torch.saving import CheckpointFileError, load, save
 from csrun.torch.session import Session, SessionError
 from csrun.torch.sharding import DataLoaderError
@@ -178,7 +180,7 @@ def compile_info() -> CompileInfo | None:
 
 __all__ = [
     "initialize", "module", "optimizer", "dataloader", "Session", "add_step_closure", "step_closure",
-    "save", "load", "CheckpointFileError", "get_local_ordinal", "world_size",
+    "save", "load", "CheckpointFileError", "get_local_ordinal", "world_size", "amp",
     "use_cs", "is_master_ordinal", "is_streamer", "get_ordinal", "get_streaming_rank", "num_tasks",
     "num_streamers", "task_id", "master_print", "rendezvous", "mesh_reduce",
     "StreamingDataLoader", "StreamStats", "StreamError", "BatchError", "DataLoaderError", "SessionError",

@@ -113,3 +113,72 @@ def test_legacy_imports_run_the_seed_loop_unedited(no_slurm_env: dict[str, str])
     # one task: the same batches; the device runs the default mixed precision (float16 rounding)
     assert max(abs(a - b) for a, b in zip(eager, device["1"])) < 1e-3
     assert all(0.5 < x < 2.0 for x in device["3"])  # two streamers: the same data in the streamers' order
+
+
+def _cpu_run(make_scaler, steps: int = 6, overflow_at: int = 3) -> tuple[torch.nn.Module, list[float]]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = make_scaler()
+    scales = []
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        opt.zero_grad()
+        loss = model(torch.randn(8, 4, generator=g)).pow(2).mean()
+        if i == overflow_at:
+            loss = loss * float("inf")  # an injected overflow
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(float(scaler.get_scale()))
+    return model, scales
+
+
+def test_amp_grad_scaler_on_the_cpu_is_torchs_dynamic_scaling() -> None:
+    ours, our_scales = _cpu_run(lambda: cbtorch.amp.GradScaler(loss_scale="dynamic", steps_per_increase=2))
+    ref, ref_scales = _cpu_run(lambda: torch.amp.GradScaler("cpu", init_scale=2.0 ** 15, growth_interval=2))
+    assert our_scales == ref_scales and our_scales[3] == our_scales[2] / 2  # the overflow halved it
+    for a, b in zip(ours.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+    scaler = cbtorch.amp.GradScaler(steps_per_increase=2)
+    _cpu_run(lambda: scaler)
+    again = cbtorch.amp.GradScaler()
+    again.load_state_dict(scaler.state_dict())
+    assert again.get_scale() == scaler.get_scale() and again.state_dict() == scaler.state_dict()
+
+
+def test_amp_static_scale_skips_an_overflowing_step() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = cbtorch.amp.GradScaler(loss_scale=128.0)
+    before = [p.clone() for p in model.parameters()]
+    scaler.scale(model(torch.randn(2, 4)).sum() * float("inf")).backward()
+    scaler.step(opt)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())) and scaler.get_scale() == 128.0
+    with pytest.raises(UserError, match="loss_scale=-1"):
+        cbtorch.amp.GradScaler(loss_scale=-1)
+
+
+def test_amp_grad_scaler_on_the_device_leaves_the_scaling_to_it(tmp_path: Path) -> None:
+    from csrun.compiler.settings import loss_scaling_from_params
+    from tests.device.helpers import settings
+
+    dynamic = loss_scaling_from_params({"loss_scaling_factor": "dynamic"})
+    cbtorch.initialize("embedded", settings=settings(mixed_precision=True, loss_scaling=dynamic),
+                       model_dir=str(tmp_path))
+    model = cbtorch.module(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)))
+    opt = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    scaler = cbtorch.amp.GradScaler()
+    dl = loader()
+    with cbtorch.Session(dl, report=False):
+        for x, y in dl:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            assert scaler.scale(loss) is loss  # the device scales
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert cbtorch.global_step() == 4
+    state = scaler.state_dict()
+    assert state["scale"] == scaler.get_scale() > 0  # the device's scaler
