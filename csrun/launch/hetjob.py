@@ -15,7 +15,9 @@ asked for it by writing its step to ``CSRUN_REQUEUE_FILE`` (``<log_dir>/<job id>
 set by the script; see :mod:`csrun.run.preemption`): a command that did not checkpoint (killed
 by the signal, which also exits ``128 + SIG``), or a runner preempted
 ``CSRUN_MAX_IDLE_REQUEUES`` times in a row without gaining a step, is not requeued. The next run sees ``SLURM_RESTART_COUNT`` > 0 and the runner resumes from the
-latest checkpoint. Logs
+latest checkpoint. Every task runs under :mod:`csrun.launch.task`, which writes its command's exit code into
+``<log_dir>/<job id>/.tasks.<restart>/``; the script exits with the first failed task's own
+code (naming its rank and node), not srun's 137/143. Logs
 are opened in append mode so both runs stay in one file. The job is submitted held, its log
 folder ``<log_dir>/<job id>/`` is made, and then it is released, so logs land beside
 csrun_cpu's (``<id>_log.out`` / ``<id>_log.err``). Waiting polls ``squeue --states=all`` and
@@ -35,10 +37,37 @@ from csrun.launch.layout import Layout
 from csrun.launch.preempt_signal import preemption_signal
 from csrun.launch.sbatch import time_limit_minutes
 from csrun.launch.srun import WSE_STEP_FLAGS
+from csrun.launch.supervisor import task_command
 from csrun.site import SiteConfig
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
+
+TASK_CODES = """\
+export CSRUN_JOB_STATE={log_dir}/"$SLURM_JOB_ID/.tasks.${{SLURM_RESTART_COUNT:-0}}"
+mkdir -p "$CSRUN_JOB_STATE"
+csrun_task_code() {{  # the first failed task's own exit code (srun reports 137/143 for the tasks it ended)
+    local f code node first=""
+    for f in $(ls -tr "$CSRUN_JOB_STATE"/exit.* 2>/dev/null); do
+        read -r code node < "$f"
+        if [ "$code" != 0 ]; then
+            echo "csrun: task rank ${{f##*.}} on $node exited with code $code" >&2
+            first=$code
+            break
+        fi
+    done
+    rm -rf "$CSRUN_JOB_STATE"
+    echo "${{first:-$1}}"
+}}
+"""
+"""Every task runs under csrun.launch.task, which writes its command's exit code here; the job
+exits with the first failed task's own code, as csrun_wse's supervisor does."""
+
+PLAIN_BODY = """\
+{step}
+rc=$(csrun_task_code $?)
+exit "$rc"
+"""
 
 PREEMPTION_BODY = """\
 preempted=0
@@ -58,6 +87,7 @@ while :; do
     wait "$step"; rc=$?
     kill -0 "$step" 2>/dev/null || break
 done
+rc=$(csrun_task_code "$rc")
 if [ "$preempted" = 1 ]; then
     if [ -s "$CSRUN_REQUEUE_FILE" ]; then
         echo "csrun: requeueing job $SLURM_JOB_ID to resume from its checkpoint (global step $(cat "$CSRUN_REQUEUE_FILE"))" >&2
@@ -109,12 +139,14 @@ def hetjob_script(
             step.append(f"--het-group={i}")
         if c.worker and i == last and layout.cyclic:
             step.append("--distribution=cyclic")
-        step += command
+        step += task_command(command)
     lines += ["", "# one step over every component: the chief (rank 0) on the GRES node, the streamers after it"]
+    quoted_dir = shlex.quote(str(log_dir))
+    lines.append(TASK_CODES.format(log_dir=quoted_dir))
     if preempt_lead:
-        lines.append(PREEMPTION_BODY.format(step=shlex.join(step), sig=sig.name[3:], log_dir=shlex.quote(str(log_dir))))
+        lines.append(PREEMPTION_BODY.format(step=shlex.join(step), sig=sig.name[3:], log_dir=quoted_dir))
     else:
-        lines += [shlex.join(step), ""]
+        lines.append(PLAIN_BODY.format(step=shlex.join(step)))
     return "\n".join(lines)
 
 

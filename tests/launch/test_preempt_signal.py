@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from csrun.errors import ConfigError
-from csrun.launch.hetjob import PREEMPTION_BODY, hetjob_script
+from csrun.launch.hetjob import PREEMPTION_BODY, TASK_CODES, hetjob_script
 from csrun.launch.layout import wse_layout
 from csrun.launch.preempt_signal import max_idle_requeues, preemption_signal, submitit_signal
 from csrun.site import SiteConfig
@@ -79,7 +79,8 @@ def test_the_script_requeues_only_a_run_that_asked(tmp_path: Path, step: str, re
     fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
     fake.chmod(0o755)
     (tmp_path / "step.py").write_text(step)
-    body = PREEMPTION_BODY.format(step=f"{sys.executable} {tmp_path / 'step.py'} {ready}", sig="USR1", log_dir=str(logs))
+    body = TASK_CODES.format(log_dir=str(logs)) + PREEMPTION_BODY.format(
+        step=f"{sys.executable} {tmp_path / 'step.py'} {ready}", sig="USR1", log_dir=str(logs))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"}
     env.pop("SLURM_RESTART_COUNT", None)
     proc = subprocess.Popen(["bash", "-c", body], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ CASES = {
 def test_golden(name: str) -> None:
     made = CASES[name]()
     line = made if isinstance(made, str) else " ".join(made) + "\n"
+    line = line.replace(sys.executable, "PYTHON")  # the task wrapper's interpreter: this checkout's venv
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("CSRUN_UPDATE_GOLDEN") == "1":
         path.write_text(line)

@@ -32,3 +32,16 @@ def test_a_failed_task_ends_the_job_with_its_code(slurm_env: dict[str, str], tmp
     assert f"csrun_wse: task rank {rank} on {node} exited with code {code}" in done.stderr, done.stderr
     assert took < 30, f"{took:.1f} s"  # Slurm's step start-up included
     assert not list(tmp_path.glob(".csrun_job.*")), "the job's state folder was left behind"
+
+
+def test_a_batch_job_exits_with_the_failed_tasks_code(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """csrun_wse --use-sbatch --wait: the het batch script ends with the failed task's own code."""
+    logs = tmp_path / "logs"
+    done = subprocess.run([str(BIN / "csrun_wse"), "--use-sbatch", "--wait", "--log-dir", str(logs), "--total-nodes", "3",
+                           "--tasks-per-node", "1", sys.executable, str(SCRIPT)],
+                          env={**slurm_env, "FAIL": "0:step:3"}, capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert done.returncode == 3, done.stdout + done.stderr
+    job = done.stdout.split()[3].rstrip(";")
+    err = (logs / job / f"{job}_log.err").read_text()
+    assert "csrun: task rank 0 on cs-chief exited with code 3" in err, err
+    assert not list((logs / job).glob(".tasks.*")), "the task-code folder was left behind"
