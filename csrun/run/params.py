@@ -23,6 +23,7 @@ import yaml
 
 from csrun.compiler.spec import LEGACY_OPTIMIZERS
 from csrun.data.config import InputConfig
+from csrun.program.optimizers import default_eps
 from csrun.typed_config import ConfigError, check_fields, from_mapping, required, setting
 
 __all__ = ["CSConfig", "ConfigError", "InputConfig", "ModelConfig", "OptimizerConfig", "Params", "RunConfig",
@@ -97,7 +98,8 @@ class OptimizerConfig:
     weight_decay_rate: float = doc(0.0, "weight decay")
     beta1: float = doc(0.9, "Adam-family first-moment decay")
     beta2: float = doc(0.999, "Adam-family second-moment decay")
-    eps: float = doc(1e-8, "the optimizer's epsilon")
+    eps: float | None = doc(None, "the optimizer's epsilon (default: its own, see csrun.program.optimizers; "
+                                  "params_train.yaml records the value that runs)")
     correct_bias: bool = doc(True, "Adam/AdamW/LAMB bias correction")
     exclude_from_weight_decay: list[str] = doc([], "parameter-name substrings that get no weight decay (e.g. bias, LayerNorm)")
     rho: float = doc(0.9, "Adadelta decay")
@@ -114,7 +116,9 @@ class OptimizerConfig:
     grad_accum_steps: int = doc(1, "gradient accumulation (CPU only; refused on the system)")
 
     def check(self) -> None:
-        """Refuse impossible values, naming the keys."""
+        """Refuse impossible values, naming the keys; fill in the epsilon the optimizer runs with."""
+        if self.eps is None:
+            self.eps = default_eps(self.optimizer_type, correct_bias=self.correct_bias)
         if self.max_gradient_norm is not None and self.max_gradient_value is not None:
             raise ConfigError("optimizer: give one of max_gradient_norm and max_gradient_value, not both")
         if self.grad_accum_steps < 1:

@@ -69,8 +69,12 @@ def seed_everything(seed: int | None) -> None:
 
 
 def settings_input(params: Params) -> dict[str, Any]:
-    """The params as ``settings_from_params`` reads them: optimizer keys left at their default are left out
-    (the compiler refuses keys that do not apply to the optimizer type, e.g. correct_bias for sgd)."""
+    """The params as ``settings_from_params`` reads them: the optimizer type's own update keys
+    (:data:`csrun.program.optimizers.UPDATE_KEYS`) always, at their value or default, so the engine
+    runs what params_train.yaml shows; other optimizer keys left at their default are left out (the
+    compiler refuses keys that do not apply to the type, e.g. correct_bias for sgd)."""
+    from csrun.program.optimizers import UPDATE_KEYS
+
     import dataclasses
 
     from csrun.run.params import OptimizerConfig
@@ -80,8 +84,10 @@ def settings_input(params: Params) -> dict[str, Any]:
         defaults = {f.name: f.default if f.default is not dataclasses.MISSING else
                     (f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)  # type: ignore[misc]
                     for f in dataclasses.fields(OptimizerConfig)}
+        own = UPDATE_KEYS.get(str(params.optimizer.optimizer_type).lower(), ())
         data["optimizer"] = {k: v for k, v in data["optimizer"].items()
-                             if defaults.get(k, dataclasses.MISSING) is dataclasses.MISSING or v != defaults[k]}
+                             if (k in own and v is not None)
+                             or defaults.get(k, dataclasses.MISSING) is dataclasses.MISSING or v != defaults[k]}
     return data
 
 
