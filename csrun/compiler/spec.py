@@ -12,6 +12,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from csrun.program.loss_scaling import (
+    INITIAL_LOSS_SCALE,
+    MAX_LOSS_SCALE,
+    MIN_LOSS_SCALE,
+    STEPS_PER_INCREASE,
+)
+
 LEGACY_OPTIMIZERS = (
     "sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "asgd",
     "lamb", "radam", "nadam", "rmsprop", "rprop",
@@ -55,10 +62,10 @@ class LossScalingSpec:
 
     factor: float | str = 1.0
     """A number, or ``"dynamic"``."""
-    initial_loss_scale: float = 2.0**15
-    steps_per_increase: int = 2000
-    min_loss_scale: float = 1.0
-    max_loss_scale: float = 2.0**24
+    initial_loss_scale: float = INITIAL_LOSS_SCALE
+    steps_per_increase: int = STEPS_PER_INCREASE
+    min_loss_scale: float = MIN_LOSS_SCALE
+    max_loss_scale: float = MAX_LOSS_SCALE
 
 
 @dataclass(frozen=True, kw_only=True)

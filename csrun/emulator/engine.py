@@ -21,8 +21,20 @@ import torch
 from torch.utils import _pytree as pytree
 
 from csrun.compiler.spec import ProgramSpec
-from csrun.emulator import half_emulation, loss_scaling, optimizers, precision, schedules
+from csrun.emulator import (
+    half_emulation,
+    loss_scaling,
+    optimizers,
+    precision,
+    schedules,
+)
 from csrun.emulator.errors import SpecError
+from csrun.program.loss_scaling import (
+    INITIAL_LOSS_SCALE,
+    MAX_LOSS_SCALE,
+    MIN_LOSS_SCALE,
+    STEPS_PER_INCREASE,
+)
 
 log = logging.getLogger("csrun.emulator")
 
@@ -190,10 +202,10 @@ class Engine:
             ls = getattr(spec, "loss_scaling", None)
             self.scaler = loss_scaling.LossScaler(
                 factor=getattr(ls, "factor", 1.0),
-                initial_loss_scale=getattr(ls, "initial_loss_scale", 2.0**15),
-                steps_per_increase=getattr(ls, "steps_per_increase", 2000),
-                min_loss_scale=getattr(ls, "min_loss_scale", 1.0),
-                max_loss_scale=getattr(ls, "max_loss_scale", 2.0**24),
+                initial_loss_scale=getattr(ls, "initial_loss_scale", INITIAL_LOSS_SCALE),
+                steps_per_increase=getattr(ls, "steps_per_increase", STEPS_PER_INCREASE),
+                min_loss_scale=getattr(ls, "min_loss_scale", MIN_LOSS_SCALE),
+                max_loss_scale=getattr(ls, "max_loss_scale", MAX_LOSS_SCALE),
             )
             self.optimizer = optimizers.build_optimizer(
                 opt_spec.type, dict(opt_spec.hyperparameters), self.named_params, lr=self.schedule(0)

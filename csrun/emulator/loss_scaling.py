@@ -20,6 +20,12 @@ from typing import Any, Sequence
 import torch
 
 from csrun.emulator.errors import SpecError
+from csrun.program.loss_scaling import (
+    INITIAL_LOSS_SCALE,
+    MAX_LOSS_SCALE,
+    MIN_LOSS_SCALE,
+    STEPS_PER_INCREASE,
+)
 
 
 @dataclass(kw_only=True)
@@ -41,10 +47,10 @@ class LossScaler:
         self,
         *,
         factor: float | str = 1.0,
-        initial_loss_scale: float = 2.0**15,
-        steps_per_increase: int = 2000,
-        min_loss_scale: float = 1.0,
-        max_loss_scale: float = 2.0**24,
+        initial_loss_scale: float = INITIAL_LOSS_SCALE,
+        steps_per_increase: int = STEPS_PER_INCREASE,
+        min_loss_scale: float = MIN_LOSS_SCALE,
+        max_loss_scale: float = MAX_LOSS_SCALE,
     ) -> None:
         """Validate and set up; raises :class:`SpecError` naming a bad value."""
         if isinstance(factor, str):

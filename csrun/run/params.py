@@ -23,8 +23,20 @@ import yaml
 
 from csrun.compiler.spec import LEGACY_OPTIMIZERS
 from csrun.data.config import InputConfig
+from csrun.program.loss_scaling import (
+    INITIAL_LOSS_SCALE,
+    MAX_LOSS_SCALE,
+    MIN_LOSS_SCALE,
+    STEPS_PER_INCREASE,
+)
 from csrun.program.optimizers import default_eps
-from csrun.typed_config import ConfigError, check_fields, from_mapping, required, setting
+from csrun.typed_config import (
+    ConfigError,
+    check_fields,
+    from_mapping,
+    required,
+    setting,
+)
 
 __all__ = ["CSConfig", "ConfigError", "InputConfig", "ModelConfig", "OptimizerConfig", "Params", "RunConfig",
            "check_params", "doc", "params_from_dict", "read_yaml", "required"]
@@ -107,10 +119,10 @@ class OptimizerConfig:
     centered: bool = doc(False, "RMSprop centered")
     initial_accumulator_value: float = doc(0.0, "Adagrad initial accumulator")
     loss_scaling_factor: float | Literal["dynamic"] = doc(1.0, "a number, or 'dynamic'")
-    initial_loss_scale: float = doc(2.0**15, "dynamic scaling: the first scale")
-    steps_per_increase: int = doc(2000, "dynamic scaling: good steps before the scale doubles")
-    min_loss_scale: float = doc(1.0, "dynamic scaling: lower bound")
-    max_loss_scale: float = doc(2.0**24, "dynamic scaling: upper bound")
+    initial_loss_scale: float = doc(INITIAL_LOSS_SCALE, "dynamic scaling: the first scale")
+    steps_per_increase: int = doc(STEPS_PER_INCREASE, "dynamic scaling: good steps before the scale doubles")
+    min_loss_scale: float = doc(MIN_LOSS_SCALE, "dynamic scaling: lower bound")
+    max_loss_scale: float = doc(MAX_LOSS_SCALE, "dynamic scaling: upper bound")
     max_gradient_norm: float | None = doc(None, "clip the global gradient norm to this")
     max_gradient_value: float | None = doc(None, "clip every gradient element to +-this")
     grad_accum_steps: int = doc(1, "gradient accumulation (CPU only; refused on the system)")

@@ -11,7 +11,8 @@
 
 Arguments (the legacy names): ``loss_scale`` (``"dynamic"``, default, or a positive number for a
 static scale), ``init_scale`` (2**15), ``steps_per_increase`` (2000: overflow-free steps before the
-dynamic scale doubles), ``min_loss_scale`` / ``max_loss_scale`` (bounds of the dynamic scale),
+dynamic scale doubles), ``min_loss_scale`` / ``max_loss_scale`` (1 and 2**24: bounds of the dynamic
+scale; the defaults are :mod:`csrun.program.loss_scaling`'s),
 ``enabled`` (False: every call passes through).
 
 **On the CPU** (eager) the scaler does what the legacy one did there: it multiplies the loss, and
@@ -33,6 +34,12 @@ from typing import Any
 import torch
 
 from csrun.errors import UserError
+from csrun.program.loss_scaling import (
+    INITIAL_LOSS_SCALE,
+    MAX_LOSS_SCALE,
+    MIN_LOSS_SCALE,
+    STEPS_PER_INCREASE,
+)
 from csrun.torch.state import state
 
 
@@ -47,8 +54,9 @@ def _on_device() -> bool:
 class GradScaler:
     """The legacy loss scaler (see the module manual)."""
 
-    def __init__(self, loss_scale: str | float = "dynamic", init_scale: float = 2.0 ** 15,
-                 steps_per_increase: int = 2000, min_loss_scale: float = 1.0, max_loss_scale: float = 2.0 ** 31,
+    def __init__(self, loss_scale: str | float = "dynamic", init_scale: float = INITIAL_LOSS_SCALE,
+                 steps_per_increase: int = STEPS_PER_INCREASE, min_loss_scale: float = MIN_LOSS_SCALE,
+                 max_loss_scale: float = MAX_LOSS_SCALE,
                  enabled: bool = True) -> None:
         dynamic = loss_scale in ("dynamic", None)
         if not dynamic:

@@ -65,3 +65,31 @@ def test_every_optimizer_type_has_its_update_keys() -> None:
     from csrun.run.params import OptimizerType
 
     assert set(UPDATE_KEYS) == set(OptimizerType.__args__)  # type: ignore[attr-defined]
+
+
+def test_loss_scaling_defaults_are_written_once() -> None:
+    """The params, the spec, the engine's scaler and cbtorch.amp.GradScaler start from one table."""
+    import dataclasses
+    import inspect
+    import re
+
+    from csrun.compiler.spec import LossScalingSpec
+    from csrun.emulator.loss_scaling import LossScaler
+    from csrun.program import loss_scaling as table
+    from csrun.run.params import OptimizerConfig
+    from csrun.torch.amp import GradScaler
+
+    want = {"initial_loss_scale": table.INITIAL_LOSS_SCALE, "steps_per_increase": table.STEPS_PER_INCREASE,
+            "min_loss_scale": table.MIN_LOSS_SCALE, "max_loss_scale": table.MAX_LOSS_SCALE}
+    params = {f.name: f.default for f in dataclasses.fields(OptimizerConfig)}
+    spec = {f.name: f.default for f in dataclasses.fields(LossScalingSpec)}
+    engine = {k: v.default for k, v in inspect.signature(LossScaler.__init__).parameters.items()}
+    amp = {k: v.default for k, v in inspect.signature(GradScaler.__init__).parameters.items()}
+    amp["initial_loss_scale"] = amp.pop("init_scale")
+    for name, value in want.items():
+        assert params[name] == spec[name] == engine[name] == amp[name] == value, name
+    package = REPO / "csrun"
+    literal = re.compile(r"2\.0\s*\*\*\s*(15|24)\b")
+    home = package / "program" / "loss_scaling.py"
+    found = [str(p.relative_to(REPO)) for p in package.rglob("*.py") if p != home and literal.search(p.read_text())]
+    assert found == [], f"loss-scale literals outside csrun/program/loss_scaling.py: {found}"
