@@ -61,6 +61,7 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
+import csrun
 from csrun.cli.common import console_entry, run_cli, say
 from csrun.data.convert import ConvertConfig, convert
 from csrun.data.formats import FORMATS
@@ -93,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab_size", type=int, default=defaults.vocab_size)
     p.add_argument("--min_frequency", type=int, default=defaults.min_frequency)
     p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=defaults.lowercase)
+    p.add_argument("--version", action="version", version=f"{PROG} (csrun {csrun.__version__})",
+                   help="print the version and exit")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true")

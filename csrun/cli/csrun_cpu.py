@@ -39,6 +39,8 @@ Options:
     (``DIR/<job id>/``).
 ``--def_nodes``, ``--def_tasks``, ``--def_cpus``, ``--singularity``, ``--def_mount_dirs``, ``--def_gres``, ``--def_gres_node``
     Print that site setting and exit.
+``--version``
+    Print ``csrun_cpu (csrun X.Y.Z)`` and exit 0 (the first word only).
 ``-h``, ``--help``
     Show the options with their defaults.
 

@@ -61,6 +61,8 @@ word that is not an option):
     job requeues itself and the next run resumes (see :mod:`csrun.launch.hetjob`). 0: never.
 ``--def_nodes`` … ``--def_gres_node``
     Print that site setting and exit (as csrun_cpu).
+``--version``
+    Print ``csrun_wse (csrun X.Y.Z)`` and exit 0 (the first word only).
 ``-h``, ``--help``
     Show the options with their defaults.
 

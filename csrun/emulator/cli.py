@@ -93,8 +93,14 @@ import signal
 import sys
 import threading
 
+import csrun
 from csrun.emulator import wire
-from csrun.emulator.auth_token import DEFAULT_TOKEN_FILE, TOKEN_ENV, check_token, server_token
+from csrun.emulator.auth_token import (
+    DEFAULT_TOKEN_FILE,
+    TOKEN_ENV,
+    check_token,
+    server_token,
+)
 from csrun.emulator.guard import GuardLimits
 from csrun.errors import UsageError, UserError
 
@@ -124,6 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
     p.add_argument("--max-program-bytes", type=int, default=d.max_program_bytes)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--version", action="version", version=f"{PROG} (csrun {csrun.__version__})",
+                   help="print the version and exit")
     return p
 
 

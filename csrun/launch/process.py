@@ -38,9 +38,16 @@ from csrun.errors import UserError
 
 def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
     """Run a command's body on ``argv`` (default ``sys.argv[1:]``); a :class:`UserError` becomes
-    ``prog: error: ...`` on stderr and its exit code."""
+    ``prog: error: ...`` on stderr and its exit code. ``--version`` as the first word prints
+    ``prog (csrun X.Y.Z)`` and exits 0."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["--version"]:
+        import csrun
+
+        print(f"csrun {csrun.__version__}" if prog == "csrun" else f"{prog} (csrun {csrun.__version__})", flush=True)
+        return 0
     try:
-        return body(sys.argv[1:] if argv is None else list(argv))
+        return body(args)
     except UserError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

@@ -16,11 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+import csrun
 from csrun.address import AddressError, parse_address
 from csrun.cluster import ClusterInfo, cluster_info
 from csrun.driver import run_path
 from csrun.driver.run_path import EMBEDDED, RunFlags
-from csrun.run.params import InputConfig, ModelConfig, Params, params_from_dict, read_yaml
+from csrun.run.params import (
+    InputConfig,
+    ModelConfig,
+    Params,
+    params_from_dict,
+    read_yaml,
+)
 from csrun.typed_config import ConfigError
 
 RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "model_dir", "checkpoint_path",
@@ -34,6 +41,8 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     p.add_argument("-cs", "--cs_ip", default=None,
                    help="system address HOST[:PORT] (:9000 added when no port), or 'embedded'; default $CS_IP")
     p.add_argument("-cpu", "--cpu", action="store_true", default=None, help="force the CPU path")
+    p.add_argument("--version", action="version", version=f"{prog} (csrun {csrun.__version__})",
+                   help="print the version and exit")
     p.add_argument("-p", "--params", required=True, help="params YAML file")
     p.add_argument("-m", "--mode", required=True, choices=("train", "eval", "train_and_eval"), help="what to run")
     p.add_argument("--compile_only", action="store_true", default=None, help="full compile, no run")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 import csrun
 from tests.conftest import BIN, base_env
 
@@ -50,3 +52,16 @@ def test_version_and_a_bad_subcommand(no_slurm_env: dict[str, str]) -> None:
     assert done.returncode == 0 and done.stdout.strip() == f"csrun {csrun.__version__}"
     bad = _csrun("bogus", env=no_slurm_env)
     assert bad.returncode == 2 and "bogus" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("argv, prog", [
+    (["csrun_wse"], "csrun_wse"), (["csrun_cpu"], "csrun_cpu"), (["cs_emulator"], "cs_emulator"),
+    (["cs_convert_hdf5"], "cs_convert_hdf5"), (["python", "models/fc_mnist/run.py"], "run.py"),
+])
+def test_every_command_has_version(no_slurm_env: dict[str, str], argv: list[str], prog: str) -> None:
+    from tests.conftest import REPO, VENV_BIN
+
+    done = subprocess.run([str(VENV_BIN / argv[0]), *argv[1:], "--version"], env=no_slurm_env, capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{prog} (csrun {csrun.__version__})"
