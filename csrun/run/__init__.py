@@ -46,6 +46,10 @@ params are checked):
 ``--config KEY``                       use one top-level key of the YAML
 ``-c/--compile_dir DIR``               compile output folder (default ``model_dir/cs_<hash>``)
 ``--execution_strategy pipeline``      the only strategy here
+``--max_steps N``, ``--eval_steps N``  override ``runconfig.max_steps`` / ``eval_steps`` /
+``--checkpoint_steps N``               ``checkpoint_steps`` (same checks; ``params_<mode>.yaml``
+                                       records the value that ran)
+``--version``                          print ``run.py (csrun X.Y.Z)``
 =====================================  ==============================================================
 
 Paths: the **system** when ``cs_ip``, ``--compile_only`` or ``--validate_only`` is set, or when
@@ -68,7 +72,8 @@ What a run leaves in ``model_dir`` (chief only):
 
 * ``checkpoint_<step>.mdl`` + ``.sha256`` (:mod:`csrun.run.checkpoints`): at ``checkpoint_steps``,
   the last step, step 0 with ``save_initial_checkpoint``, and on preemption; "Saved checkpoint at
-  global step: N";
+  global step: N"; with ``runconfig.keep_checkpoint_max: N`` (default 0: keep all, as legacy) only
+  the newest N stay, and the one a run resumed from is never deleted;
 * ``train/``, ``eval/``: TensorBoard events and ``params_<mode>.yaml`` (:mod:`csrun.run.summaries`);
 * ``losses/losses.csv`` with ``save_losses`` (``step,loss``, one row per step);
 * ``performance/performance.json`` (:mod:`csrun.run.performance`);

@@ -292,3 +292,19 @@ def latest_valid(model_dir: Path) -> Found | None:
     if skipped:
         raise CheckpointError("--resume: no valid checkpoint in " + str(model_dir) + ": " + "; ".join(skipped))
     return None
+
+
+def prune_checkpoints(model_dir: Path, keep: int, *, protect: tuple[int, ...] = ()) -> list[int]:
+    """Delete all but the newest ``keep`` checkpoints (with their ``.sha256``) of ``model_dir``;
+    steps in ``protect`` (the one a run resumed from) are never deleted. ``keep`` 0 keeps all.
+    Returns the steps deleted."""
+    if keep <= 0:
+        return []
+    deleted = []
+    for step, path in list_checkpoints(model_dir)[keep:]:
+        if step in protect:
+            continue
+        for target in (path, path.with_name(path.name + SUFFIX_SHA)):
+            target.unlink(missing_ok=True)
+        deleted.append(step)
+    return deleted

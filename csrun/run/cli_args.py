@@ -31,7 +31,8 @@ from csrun.run.params import (
 from csrun.typed_config import ConfigError
 
 RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "model_dir", "checkpoint_path",
-                   "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume")
+                   "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume",
+                   "max_steps", "eval_steps", "checkpoint_steps")
 """Flags that overwrite the ``runconfig`` key of the same name."""
 
 
@@ -58,6 +59,10 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     p.add_argument("--execution_strategy", default=None, choices=("pipeline",), help="pipeline (the only mode)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from the latest valid checkpoint in model_dir")
+    p.add_argument("--max_steps", type=int, default=None, help="runconfig.max_steps: the last global step")
+    p.add_argument("--eval_steps", type=int, default=None, help="runconfig.eval_steps: eval batches to run")
+    p.add_argument("--checkpoint_steps", type=int, default=None,
+                   help="runconfig.checkpoint_steps: save every this many steps (0: only at the end)")
     return p
 
 

@@ -31,7 +31,7 @@ import torch
 
 import csrun.torch as cbtorch
 from csrun.errors import UserError
-from csrun.run.checkpoints import save_checkpoint
+from csrun.run.checkpoints import prune_checkpoints, save_checkpoint
 from csrun.run.preemption import Preempted, Preemption
 from csrun.run.progress import Progress, log_line
 from csrun.run.summaries import LossLog, Scalars
@@ -77,6 +77,8 @@ class TrainSetup:
     on_cpu: bool = True
     last_saved: int | None = None
     """The step of the newest checkpoint already on disk (not saved again)."""
+    keep_checkpoint_max: int = 0
+    """Keep only this many newest checkpoints (0: all); the start step's is kept too."""
 
 
 @dataclass(kw_only=True)
@@ -109,6 +111,8 @@ class _StepBook:
         save_checkpoint(s.model_dir, step, state)
         s.last_saved = step
         s.log(MSG_SAVED.format(step))
+        if s.keep_checkpoint_max:
+            prune_checkpoints(s.model_dir, s.keep_checkpoint_max, protect=(s.start_step,))
 
     def wants(self, step: int) -> bool:
         """Whether step ``step`` needs its outputs read (a closure makes the chief wait for the device)."""

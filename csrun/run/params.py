@@ -65,6 +65,8 @@ class RunConfig:
     steps_per_epoch: int | None = doc(None, "steps in an epoch; default: the loader's length", min=1)
     log_steps: int = required("log the loss every this many steps", min=1)
     checkpoint_steps: int = doc(0, "save a checkpoint every this many steps (0: only at the end)", min=0)
+    keep_checkpoint_max: int = doc(0, "keep only the newest N checkpoints in model_dir (0: keep all, as legacy); "
+                                      "the one a run resumed from is never deleted", min=0)
     save_losses: bool = doc(False, "write every step's loss to model_dir/losses/")
     save_initial_checkpoint: bool = doc(False, "save checkpoint_0.mdl before the first step")
     check_loss_values: bool = doc(True, "stop with 'NaN loss detected.' / 'inf loss detected.'")

@@ -342,7 +342,7 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
             log_steps=rc.log_steps, checkpoint_steps=rc.checkpoint_steps,
             check_loss_values=rc.check_loss_values, schedule=build_schedule(settings.learning_rate),
             scalars=scalars, losses=losses, progress=progress, preemption=preemption, log=_say,
-            on_cpu=path.kind == "cpu", last_saved=last_saved))
+            on_cpu=path.kind == "cpu", last_saved=last_saved, keep_checkpoint_max=rc.keep_checkpoint_max))
         clear_idle_preemptions(model_dir)
     except Preempted as exc:
         account_preemption(model_dir, start, exc)

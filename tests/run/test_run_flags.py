@@ -1,0 +1,50 @@
+"""run.py's --max_steps / --eval_steps / --checkpoint_steps flags and runconfig.keep_checkpoint_max."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+
+from tests.run.conftest import DEBUG_YAML, write_yaml
+
+Run = Callable[..., int]
+
+
+def checkpoints(md: Path) -> list[str]:
+    return sorted(p.name for p in md.iterdir() if p.name.startswith("checkpoint_"))
+
+
+def test_flags_override_the_yaml_and_are_recorded(fc_mnist: Run, tmp_path: Path) -> None:
+    md = tmp_path / "md"
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu",
+                    "--max_steps", "40", "--checkpoint_steps", "20", "--eval_steps", "2") == 0
+    rc = yaml.safe_load((md / "train" / "params_train.yaml").read_text())["runconfig"]
+    assert (rc["max_steps"], rc["checkpoint_steps"], rc["eval_steps"]) == (40, 20, 2)
+    assert checkpoints(md) == ["checkpoint_20.mdl", "checkpoint_20.mdl.sha256", "checkpoint_40.mdl",
+                               "checkpoint_40.mdl.sha256"]
+
+
+@pytest.mark.parametrize("flag, value, says", [("--max_steps", "0", "max_steps"), ("--checkpoint_steps", "-1", "checkpoint_steps"),
+                                               ("--max_steps", "ten", "invalid int value: 'ten'")])
+def test_a_bad_flag_value_is_one_line(fc_mnist: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str,
+                                      value: str, says: str) -> None:
+    md = tmp_path / "md"
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu", flag, value) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    assert not md.exists() or not list(md.glob("checkpoint_*"))
+
+
+def test_retention_keeps_the_newest_and_the_one_resumed_from(fc_mnist: Run, tmp_path: Path) -> None:
+    md = tmp_path / "md"
+    params = write_yaml(tmp_path / "p.yaml", max_steps=100, checkpoint_steps=20, keep_checkpoint_max=2)
+    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--max_steps", "60") == 0
+    assert checkpoints(md) == ["checkpoint_40.mdl", "checkpoint_40.mdl.sha256", "checkpoint_60.mdl",
+                               "checkpoint_60.mdl.sha256"]
+    resumed = write_yaml(tmp_path / "r.yaml", max_steps=140, checkpoint_steps=20, keep_checkpoint_max=1)
+    assert fc_mnist("-p", str(resumed), "-m", "train", "-o", str(md), "--cpu", "--resume") == 0
+    assert checkpoints(md) == ["checkpoint_140.mdl", "checkpoint_140.mdl.sha256", "checkpoint_60.mdl",
+                               "checkpoint_60.mdl.sha256"]  # 60: the resume's start, kept
