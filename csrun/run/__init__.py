@@ -50,6 +50,9 @@ params are checked):
 ``--checkpoint_steps N``               ``checkpoint_steps`` (same checks; ``params_<mode>.yaml``
                                        records the value that ran)
 ``--version``                          print ``run.py (csrun X.Y.Z)``
+(a model's own flags)                  ``run(..., extra_args_parser_fn=f)``: ``f()`` returns parser(s)
+                                       (``add_help=False``) parsed with these; the values reach the
+                                       model and input functions as ``params.extra_args``
 =====================================  ==============================================================
 
 Paths: the **system** when ``cs_ip``, ``--compile_only`` or ``--validate_only`` is set, or when

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import csrun
 from csrun.address import AddressError, parse_address
@@ -36,9 +36,11 @@ RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "mod
 """Flags that overwrite the ``runconfig`` key of the same name."""
 
 
-def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
-    """The run.py argument parser (legacy spellings)."""
-    p = argparse.ArgumentParser(prog=prog, description="Train or evaluate a model-zoo model on the CPU or the system.")
+def build_parser(prog: str = "run.py", parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    """The run.py argument parser (legacy spellings); ``parents``: a model's own flags
+    (``run(..., extra_args_parser_fn=...)``), parsed with the rest."""
+    p = argparse.ArgumentParser(prog=prog, description="Train or evaluate a model-zoo model on the CPU or the system.",
+                                parents=list(parents))
     p.add_argument("-cs", "--cs_ip", default=None,
                    help="system address HOST[:PORT] (:9000 added when no port), or 'embedded'; default $CS_IP")
     p.add_argument("-cpu", "--cpu", action="store_true", default=None, help="force the CPU path")
@@ -79,10 +81,10 @@ def normalize_cs_ip(value: str | None) -> str | None:
     return str(parse_address(value))
 
 
-def parse_args(argv: list[str] | None, *, prog: str = "run.py",
-               environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, *, prog: str = "run.py", environ: Mapping[str, str] | None = None,
+               parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.Namespace:
     """The parsed flags; ``cs_ip`` falls back to ``CS_IP``. argparse exits 2 on a bad flag or address."""
-    parser = build_parser(prog)
+    parser = build_parser(prog, parents)
     args = parser.parse_args(argv)
     from_env = args.cs_ip is None
     if from_env:
@@ -91,6 +93,8 @@ def parse_args(argv: list[str] | None, *, prog: str = "run.py",
         args.cs_ip = normalize_cs_ip(args.cs_ip)
     except AddressError as exc:
         parser.error(f"{'CS_IP' if from_env else 'argument -cs/--cs_ip'}: {exc}")
+    args.extra_args = {a.dest: getattr(args, a.dest) for parent in parents for a in parent._actions
+                       if a.dest != "help" and hasattr(args, a.dest)}
     return args
 
 
@@ -123,7 +127,9 @@ def load_params(args: argparse.Namespace, *, model_config: type[ModelConfig] = M
     """Read ``--params`` (``--config``), apply the flags, type and check everything."""
     data = read_yaml(Path(args.params), args.config)
     data = apply_overrides(data, args, default_model_dir=default_model_dir)
-    return params_from_dict(data, model_config=model_config, input_config=input_config)
+    params = params_from_dict(data, model_config=model_config, input_config=input_config)
+    params.extra_args = dict(getattr(args, "extra_args", {}) or {})
+    return params
 
 
 PathName = Literal["cpu", "system"]

@@ -167,10 +167,14 @@ class Params:
     train_input: InputConfig | None
     eval_input: InputConfig | None
     csconfig: CSConfig
+    extra_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The model's own run.py flags (``run(..., extra_args_parser_fn=...)``), by dest name."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data, as written to params_<mode>.yaml."""
-        return dataclasses.asdict(self)
+        """Plain data, as written to params_<mode>.yaml (the params sections; not the model's flags)."""
+        out = dataclasses.asdict(self)
+        out.pop("extra_args", None)
+        return out
 
 
 SECTIONS = ("runconfig", "optimizer", "model", "train_input", "eval_input", "csconfig")

@@ -166,11 +166,18 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
         eval_input_fn: Callable[[Params], torch.utils.data.DataLoader] | None,
         model_config: type[ModelConfig] = ModelConfig, input_config: type[InputConfig] = InputConfig,
         eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
-        argv: list[str] | None = None, default_model_dir: str | None = None) -> int:
-    """Run run.py's command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+        argv: list[str] | None = None, default_model_dir: str | None = None,
+        extra_args_parser_fn: Callable[[], Any] | None = None) -> int:
+    """Run run.py's command line ``argv`` (default ``sys.argv[1:]``); return the exit status.
+
+    ``extra_args_parser_fn``: returns an ``argparse.ArgumentParser`` (``add_help=False``), or a
+    list of them, with the model's own flags; they are parsed with run.py's (an unknown flag is
+    still an error) and reach ``model_fn`` and the input functions as ``params.extra_args``."""
     prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "run.py"
+    made = extra_args_parser_fn() if extra_args_parser_fn is not None else []
+    parents = list(made) if isinstance(made, (list, tuple)) else [made]
     try:
-        args = cli_args.parse_args(argv, prog=prog)
+        args = cli_args.parse_args(argv, prog=prog, parents=parents)
     except SystemExit as exc:  # argparse printed the usage and the error (exit 2), or --help (0)
         return exc.code if isinstance(exc.code, int) else 2
     is_chief = cbtorch.is_master_ordinal()

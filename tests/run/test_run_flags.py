@@ -48,3 +48,53 @@ def test_retention_keeps_the_newest_and_the_one_resumed_from(fc_mnist: Run, tmp_
     assert fc_mnist("-p", str(resumed), "-m", "train", "-o", str(md), "--cpu", "--resume") == 0
     assert checkpoints(md) == ["checkpoint_140.mdl", "checkpoint_140.mdl.sha256", "checkpoint_60.mdl",
                                "checkpoint_60.mdl.sha256"]  # 60: the resume's start, kept
+
+
+def test_a_models_own_flags_reach_model_fn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """run(..., extra_args_parser_fn=...): the model's flags parse with run.py's and reach params.extra_args."""
+    import argparse
+    import sys
+
+    from tests.run.conftest import FC_MNIST
+
+    monkeypatch.delenv("CS_IP", raising=False)
+    monkeypatch.delenv("CSRUN_LAUNCHER", raising=False)
+    monkeypatch.syspath_prepend(str(FC_MNIST))
+    for name in ("model", "data"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import data  # noqa: F401
+    import model
+
+    from csrun.run import run
+    from csrun.torch import state as torch_state
+
+    seen: dict = {}
+
+    def extra() -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(add_help=False)
+        p.add_argument("--dropout_override", type=float, default=0.0)
+        return p
+
+    def model_fn(params):  # type: ignore[no-untyped-def]
+        seen.update(params.extra_args)
+        return model.FcMnist(params.model)
+
+    def call(*argv: str) -> int:
+        torch_state.reset_for_tests()
+        try:
+            return run(model_fn=model_fn, train_input_fn=data.train_input_fn, eval_input_fn=data.eval_input_fn,
+                       model_config=model.FcMnistConfig, input_config=model.FcMnistInputConfig, argv=list(argv),
+                       extra_args_parser_fn=extra)
+        finally:
+            torch_state.reset_for_tests()
+
+    md = tmp_path / "md"
+    assert call("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu", "--max_steps", "5",
+                "--dropout_override", "0.25") == 0
+    assert seen == {"dropout_override": 0.25}
+    assert "extra_args" not in yaml.safe_load((md / "train" / "params_train.yaml").read_text())
+    assert call("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu", "--no_such_flag", "1") == 2
+    assert "unrecognized arguments: --no_such_flag" in capsys.readouterr().err
+    for name in ("model", "data"):
+        sys.modules.pop(name, None)
