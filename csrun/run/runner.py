@@ -34,13 +34,16 @@ MSG_EVAL_DONE = "Evaluation Completed Successfully!"
 
 
 def _setup_logging(level: str) -> None:
+    """csrun's records (logger ``csrun.run``) on stdout at ``level``, each naming the task:
+    ``INFO [chief 0 @ node]: ...`` (the root logger is not touched)."""
+    info = cluster_info()
+    role = "chief" if info.is_chief else "streamer"
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
-    for name in ("csrun.run",):
-        lg = logging.getLogger(name)
-        lg.handlers[:] = [handler]
-        lg.setLevel(level.upper())
-        lg.propagate = False
+    handler.setFormatter(logging.Formatter(f"%(levelname)s [{role} {info.rank} @ {info.node_name}]: %(message)s"))
+    lg = logging.getLogger("csrun.run")
+    lg.handlers[:] = [handler]
+    lg.setLevel(level.upper())
+    lg.propagate = False
 
 
 def _say(text: str) -> None:

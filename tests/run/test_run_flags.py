@@ -98,3 +98,9 @@ def test_a_models_own_flags_reach_model_fn(tmp_path: Path, monkeypatch: pytest.M
     assert "unrecognized arguments: --no_such_flag" in capsys.readouterr().err
     for name in ("model", "data"):
         sys.modules.pop(name, None)
+
+
+def test_log_lines_name_the_task(fc_mnist: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(tmp_path / "md"), "--cpu", "--max_steps", "20") == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("INFO")]
+    assert lines and all(line.startswith("INFO [chief 0 @ ") for line in lines), lines
