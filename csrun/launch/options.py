@@ -115,12 +115,19 @@ def _spelling(name: str) -> str:
 
 
 def help_text(prog: str, cls: type[CommonOptions], summary: str) -> str:
-    """The ``--help`` text: usage, every option with its default, and the site queries."""
+    """The ``--help`` text: usage, every option with its default (shown once), and the site queries."""
     lines = [f"usage: {prog} [options] COMMAND [ARGS...]", "", summary, "", "options (dash or underscore spelling; --opt val or --opt=val):"]
     for f in dataclasses.fields(cls):
         value = "" if f.metadata["flag"] else (" [VALUE]" if f.metadata.get("optional") else " VALUE")
         default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
-        lines.append(f"  {_spelling(f.name)}{value}  {field_doc(f)} (default: {default!r})")
+        text = field_doc(f)
+        # each default once: flags are off unless given; a doc that states its default keeps it;
+        # an empty or unset value says "none"
+        if f.metadata["flag"] or "default" in text:
+            lines.append(f"  {_spelling(f.name)}{value}  {text}")
+        else:
+            shown = "none" if default in ("", None) else repr(default)
+            lines.append(f"  {_spelling(f.name)}{value}  {text} (default: {shown})")
     lines.append("  -h, --help  show this help and exit")
     lines.append("site queries (print one site setting and exit): " + " ".join("--" + q for q in SITE_QUERIES))
     return "\n".join(lines)

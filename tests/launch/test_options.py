@@ -89,3 +89,14 @@ def test_emulator_device_is_optional() -> None:
     assert parse_args(["x"], WseOptions, "csrun_wse").options.emulator == ""
     with pytest.raises(UsageError, match="'tpu' is not a device"):
         parse_args(["--emulator=tpu", "x"], WseOptions, "csrun_wse")
+
+
+def test_help_shows_each_default_once() -> None:
+    from csrun.launch.options import CpuOptions, WseOptions, help_text
+
+    for cls in (WseOptions, CpuOptions):
+        text = help_text("x", cls, "summary")
+        for line in text.splitlines():
+            assert line.count("default") <= 1, line
+        assert "--total-nodes" not in text or "(default: the site's def_nodes)" in text
+        assert "(default: None)" not in text and "(default: False)" not in text
