@@ -127,9 +127,27 @@ def load_params(args: argparse.Namespace, *, model_config: type[ModelConfig] = M
     """Read ``--params`` (``--config``), apply the flags, type and check everything."""
     data = read_yaml(Path(args.params), args.config)
     data = apply_overrides(data, args, default_model_dir=default_model_dir)
-    params = params_from_dict(data, model_config=model_config, input_config=input_config)
+    try:
+        params = params_from_dict(data, model_config=model_config, input_config=input_config)
+    except ConfigError as exc:
+        raise _as_flag_error(exc, args) from None
     params.extra_args = dict(getattr(args, "extra_args", {}) or {})
     return params
+
+
+STEP_FLAGS = ("max_steps", "eval_steps", "checkpoint_steps")
+"""Flags for ``runconfig`` step counts: a bad value is reported under the flag's name."""
+
+
+def _as_flag_error(exc: ConfigError, args: argparse.Namespace) -> ConfigError:
+    """A step key's check failed on a value given by its flag: say ``--flag: ...`` (same check, same exit 2)."""
+    text = getattr(exc, "what", str(exc))
+    for name in STEP_FLAGS:
+        prefix = f"runconfig.{name}: "
+        if getattr(args, name, None) is not None and text.startswith(prefix):
+            return ConfigError(f"--{name}: {text[len(prefix):]} (overrides runconfig.{name})",
+                               fix=getattr(exc, "fix", None))
+    return exc
 
 
 PathName = Literal["cpu", "system"]

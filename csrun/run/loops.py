@@ -78,7 +78,10 @@ class TrainSetup:
     last_saved: int | None = None
     """The step of the newest checkpoint already on disk (not saved again)."""
     keep_checkpoint_max: int = 0
-    """Keep only this many newest checkpoints (0: all); the start step's is kept too."""
+    """Keep only this many newest checkpoints (0: all); the one just written and those of
+    ``keep_steps`` are never deleted."""
+    keep_steps: tuple[int, ...] = ()
+    """Checkpoint steps retention never deletes (the one a run resumed from)."""
 
 
 @dataclass(kw_only=True)
@@ -112,7 +115,7 @@ class _StepBook:
         s.last_saved = step
         s.log(MSG_SAVED.format(step))
         if s.keep_checkpoint_max:
-            prune_checkpoints(s.model_dir, s.keep_checkpoint_max, protect=(s.start_step,))
+            prune_checkpoints(s.model_dir, s.keep_checkpoint_max, protect=(step, *s.keep_steps))
 
     def wants(self, step: int) -> bool:
         """Whether step ``step`` needs its outputs read (a closure makes the chief wait for the device)."""

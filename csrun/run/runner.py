@@ -281,6 +281,7 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
     optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
     state, where = _checkpoint_to_load(params, model_dir)
     start = 0
+    resumed: tuple[int, ...] = ()  # the step of the checkpoint loaded: retention never deletes it
     if state is not None:
         pretrained = rc.is_pretrained_checkpoint and where == rc.checkpoint_path
         if pretrained:
@@ -289,9 +290,11 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
         else:
             cbtorch.set_state(state, strict=True, load_optimizer=optimizer is not None)
             start = int(state.get("global_step", 0))
+            resumed = (start,)
             _say(f"Loaded checkpoint {where} at global step {start}")
     if mode in ("train", "train_and_eval"):
-        start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn, preemption)
+        start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn, preemption,
+                       keep_steps=resumed)
     if mode in ("eval", "train_and_eval"):
         _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics)
     return 0
@@ -311,7 +314,7 @@ def _make_model_dir(model_dir: Path) -> None:
 
 def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optimizer: Any, settings: Any,
            model_dir: Path, start: int, train_input_fn: Callable[[Params], Any] | None,
-           preemption: Preemption) -> int:
+           preemption: Preemption, *, keep_steps: tuple[int, ...] = ()) -> int:
     from csrun.emulator.schedules import build_schedule
 
     rc = params.runconfig
@@ -352,7 +355,8 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
             log_steps=rc.log_steps, checkpoint_steps=rc.checkpoint_steps,
             check_loss_values=rc.check_loss_values, schedule=build_schedule(settings.learning_rate),
             scalars=scalars, losses=losses, progress=progress, preemption=preemption, log=_say,
-            on_cpu=path.kind == "cpu", last_saved=last_saved, keep_checkpoint_max=rc.keep_checkpoint_max))
+            on_cpu=path.kind == "cpu", last_saved=last_saved, keep_checkpoint_max=rc.keep_checkpoint_max,
+            keep_steps=keep_steps))
         clear_idle_preemptions(model_dir)
     except Preempted as exc:
         account_preemption(model_dir, start, exc)

@@ -27,7 +27,9 @@ def test_flags_override_the_yaml_and_are_recorded(fc_mnist: Run, tmp_path: Path)
                                "checkpoint_40.mdl.sha256"]
 
 
-@pytest.mark.parametrize("flag, value, says", [("--max_steps", "0", "max_steps"), ("--checkpoint_steps", "-1", "checkpoint_steps"),
+@pytest.mark.parametrize("flag, value, says", [("--max_steps", "0", "--max_steps: 0 must be at least 1"),
+                                               ("--eval_steps", "0", "--eval_steps: 0 must be at least 1"),
+                                               ("--checkpoint_steps", "-1", "--checkpoint_steps: -1 must be at least 0"),
                                                ("--max_steps", "ten", "invalid int value: 'ten'")])
 def test_a_bad_flag_value_is_one_line(fc_mnist: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str,
                                       value: str, says: str) -> None:
@@ -35,6 +37,7 @@ def test_a_bad_flag_value_is_one_line(fc_mnist: Run, tmp_path: Path, capsys: pyt
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu", flag, value) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error" in line]) == 1
     assert not md.exists() or not list(md.glob("checkpoint_*"))
 
 
@@ -104,3 +107,14 @@ def test_log_lines_name_the_task(fc_mnist: Run, tmp_path: Path, capsys: pytest.C
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(tmp_path / "md"), "--cpu", "--max_steps", "20") == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("INFO")]
     assert lines and all(line.startswith("INFO [chief 0 @ ") for line in lines), lines
+
+
+def test_retention_never_deletes_the_checkpoint_just_written(fc_mnist: Run, tmp_path: Path) -> None:
+    """A fresh run into a model_dir that holds newer checkpoints keeps its own newest one."""
+    md = tmp_path / "md"
+    params = write_yaml(tmp_path / "p.yaml", max_steps=60, checkpoint_steps=20, keep_checkpoint_max=1)
+    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu") == 0
+    assert checkpoints(md) == ["checkpoint_60.mdl", "checkpoint_60.mdl.sha256"]
+    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--max_steps", "40") == 0
+    assert checkpoints(md) == ["checkpoint_40.mdl", "checkpoint_40.mdl.sha256", "checkpoint_60.mdl",
+                               "checkpoint_60.mdl.sha256"]
