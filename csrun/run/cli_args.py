@@ -47,7 +47,8 @@ def build_parser(prog: str = "run.py", parents: Sequence[argparse.ArgumentParser
     p.add_argument("--version", action="version", version=f"{prog} (csrun {csrun.__version__})",
                    help="print the version and exit")
     p.add_argument("-p", "--params", required=True, help="params YAML file")
-    p.add_argument("-m", "--mode", required=True, choices=("train", "eval", "train_and_eval"), help="what to run")
+    p.add_argument("-m", "--mode", required=True, choices=("train", "eval", "train_and_eval", "eval_all"),
+                   help="what to run (eval_all: evaluate every checkpoint in model_dir)")
     p.add_argument("--compile_only", action="store_true", default=None, help="full compile, no run")
     p.add_argument("--validate_only", action="store_true", default=None,
                    help="compile only up to graph/kernel matching")
@@ -190,5 +191,6 @@ def check_system_rules(params: Params, path: RunPath) -> None:
         return
     if params.runconfig.mode == "train_and_eval":
         raise ConfigError("Training with Eval on CS is not currently supported.")
-    if params.optimizer is not None and params.optimizer.grad_accum_steps > 1 and params.runconfig.mode != "eval":
+    if (params.optimizer is not None and params.optimizer.grad_accum_steps > 1
+            and params.runconfig.mode not in ("eval", "eval_all")):
         raise ConfigError("Gradient Accumulation not supported on CS workflow.")

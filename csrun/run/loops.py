@@ -205,47 +205,109 @@ def _check_outputs(outputs: Any) -> None:
         raise UserError(f"the model's forward(batch) must return a dict of scalar tensors with 'loss' first; got {got}")
 
 
+NUM_SAMPLES = "num_samples"
+"""An eval output that says how many of the batch's samples are real (the rest padding)."""
+
+
 @dataclass(kw_only=True)
 class EvalResult:
-    """Means of every output over the eval batches."""
+    """Means of every output over the eval batches (one pass: one checkpoint)."""
 
     means: dict[str, float]
     batches: int
     stats: Any
+    """The session's input figures (set on the results once the session ends)."""
     total_time: float
     samples: int
+    """Samples scored: ``num_samples`` summed when the model returns it, else batches x batch_size."""
+    step: int = 0
+    """The global step of the weights evaluated."""
 
 
 @dataclass
 class _Sums:
-    totals: dict[str, float] = field(default_factory=dict)
-    batches: int = 0
+    """Every batch's outputs, read at its step boundary."""
+
+    batch_size: int
+    rows: list[tuple[float | None, dict[str, float]]] = field(default_factory=list)
 
     def add(self, outputs: dict[str, Any]) -> None:
-        for k, v in outputs.items():
-            self.totals[k] = self.totals.get(k, 0.0) + _scalar(v)
-        self.batches += 1
+        values = {k: _scalar(v) for k, v in outputs.items()}
+        self.rows.append((values.pop(NUM_SAMPLES, None), values))
+
+    def result(self) -> tuple[dict[str, float], int]:
+        """(means, samples scored). With ``num_samples`` every output is weighted by it (a batch
+        of padding only counts for nothing); without it every batch weighs the same."""
+        if not any(n is not None for n, _ in self.rows):
+            totals: dict[str, float] = {}
+            for _, values in self.rows:
+                for k, v in values.items():
+                    totals[k] = totals.get(k, 0.0) + v
+            return {k: v / len(self.rows) for k, v in totals.items()}, len(self.rows) * self.batch_size
+        weighted: dict[str, float] = {}
+        samples = 0.0
+        for n, values in self.rows:
+            w = float(self.batch_size if n is None else n)
+            if w <= 0:
+                continue
+            samples += w
+            for k, v in values.items():
+                weighted[k] = weighted.get(k, 0.0) + v * w
+        if samples <= 0:
+            raise UserError("the eval data held no sample (every batch reported num_samples 0)")
+        return {k: v / samples for k, v in weighted.items()}, int(round(samples))
 
 
-def evaluate(model: torch.nn.Module, loader: Any, *, eval_steps: int | None, batch_size: int, on_cpu: bool) -> EvalResult:
-    """One Session over ``loader``: ``eval_steps`` batches, or one pass."""
-    sums = _Sums()
+@dataclass(kw_only=True)
+class EvalPass:
+    """One pass of an eval session: the weights to load first (None: as they are) and their global step."""
+
+    step: int
+    load: Callable[[], bool] | None = None
+    """Loads the pass's weights; False: they could not be loaded, the pass is skipped."""
+
+
+def evaluate(model: torch.nn.Module, loader: Any, *, eval_steps: int | None, batch_size: int, on_cpu: bool,
+             passes: list[EvalPass] | None = None,
+             on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
+    """One Session over ``loader``; for each pass (default: one, with the weights as they are):
+    load its weights, then run ``eval_steps`` batches or one whole epoch of the loader.
+
+    The passes score the same batches: when another pass follows, a pass cut short by
+    ``eval_steps`` reads the rest of its epoch without scoring it (on the CPU without running it;
+    the device runs every batch of a session through its compiled step, so there it runs, unread). ``on_result`` gets each pass's
+    result as soon as it is known (its outputs read); ``stats`` is filled in at the end."""
+    passes = passes if passes is not None else [EvalPass(step=0)]
     session = cbtorch.Session(loader, mode="eval")
-    n = 0
-    t0 = time.perf_counter()
+    results: list[EvalResult] = []
     with session, torch.no_grad() if on_cpu else contextlib.nullcontext():
-        t0 = time.perf_counter()
-        for batch in loader:
-            outputs = model(batch)
-            _check_outputs(outputs)
-            cbtorch.add_step_closure(sums.add, args=(outputs,))
-            n += 1
-            if eval_steps is not None and n >= eval_steps:
-                break
-    total = time.perf_counter() - t0
-    if sums.batches == 0:
-        raise UserError("the eval loader produced no batch")
-    means = {k: v / sums.batches for k, v in sums.totals.items()}
-    return EvalResult(means=means, batches=sums.batches, stats=session.stats, total_time=total,
-                      samples=sums.batches * batch_size)
-
+        for i, p in enumerate(passes):
+            if p.load is not None and not p.load():
+                continue
+            more = i + 1 < len(passes)
+            sums = _Sums(batch_size)
+            n = 0
+            t0 = time.perf_counter()
+            for batch in loader:
+                if eval_steps is not None and n >= eval_steps:  # only when another pass follows
+                    if not on_cpu:  # the device runs the step it compiled on every batch: run it, unread
+                        _check_outputs(model(batch))
+                    continue  # the next pass starts at the epoch's first batch too
+                outputs = model(batch)
+                _check_outputs(outputs)
+                cbtorch.add_step_closure(sums.add, args=(outputs,))
+                n += 1
+                if eval_steps is not None and n >= eval_steps and not more:
+                    break  # before the next batch is taken: a taken batch is a step begun
+            session.mark_step()  # the pass's last step runs and its outputs are read before new weights load
+            if not sums.rows:
+                raise UserError("the eval loader produced no batch")
+            means, samples = sums.result()
+            result = EvalResult(means=means, batches=len(sums.rows), stats=None,
+                                total_time=time.perf_counter() - t0, samples=samples, step=p.step)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    for r in results:
+        r.stats = session.stats
+    return results

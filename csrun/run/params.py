@@ -58,7 +58,8 @@ doc = setting
 class RunConfig:
     """``runconfig``: how long to run, where to write, what to log. Every run.py flag overrides its key."""
 
-    mode: Literal["train", "eval", "train_and_eval"] = doc("train", "what to run (run.py --mode)")
+    mode: Literal["train", "eval", "train_and_eval", "eval_all"] = doc(
+        "train", "what to run (run.py --mode; eval_all: every checkpoint in model_dir)")
     max_steps: int | None = doc(None, "stop after this global step; required when neither num_steps nor num_epochs is given", min=1)
     num_steps: int | None = doc(None, "steps to run in this invocation (not with num_epochs)", min=1)
     num_epochs: int | None = doc(None, "epochs to run (not with num_steps)", min=1)
@@ -90,7 +91,8 @@ class RunConfig:
         check_fields(self, "runconfig")
         if self.num_steps is not None and self.num_epochs is not None:
             raise ConfigError("runconfig: give one of num_steps and num_epochs, not both")
-        if self.max_steps is None and self.num_steps is None and self.num_epochs is None and self.mode != "eval":
+        if (self.max_steps is None and self.num_steps is None and self.num_epochs is None
+                and self.mode not in ("eval", "eval_all")):
             raise ConfigError("runconfig.max_steps: required when neither num_steps nor num_epochs is given")
         if self.compile_only and self.validate_only:
             raise ConfigError("Please set one of compile_only and validate_only")
@@ -247,7 +249,7 @@ def check_params(params: Params) -> None:
         if params.train_input is None:
             raise ConfigError("train_input: required section missing for --mode train")
         params.train_input.check("train_input")
-    if mode in ("eval", "train_and_eval"):
+    if mode in ("eval", "train_and_eval", "eval_all"):
         if params.eval_input is None:
             raise ConfigError(f"eval_input: required section missing for --mode {mode}")
         params.eval_input.check("eval_input")

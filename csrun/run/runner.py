@@ -18,7 +18,7 @@ from csrun.compiler.settings import settings_from_params
 from csrun.emulator.errors import DeviceError
 from csrun.errors import EnvironmentFailure, UserError, describe_os_error, os_error_in
 from csrun.run import cli_args, loops
-from csrun.run.checkpoints import latest_valid, load_checkpoint, save_checkpoint
+from csrun.run.checkpoints import CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint
 from csrun.run.params import InputConfig, ModelConfig, Params
 from csrun.run.performance import performance_doc, write_performance
 from csrun.run.preemption import (Preempted, Preemption, account_preemption, ask_to_requeue, clear_idle_preemptions,
@@ -31,6 +31,8 @@ log = logging.getLogger("csrun.run")
 
 MSG_TRAIN_DONE = "Training Completed Successfully!"
 MSG_EVAL_DONE = "Evaluation Completed Successfully!"
+EVAL_MODES = ("eval", "eval_all")
+"""Modes that only evaluate (no optimizer, the eval input)."""
 
 
 def _setup_logging(level: str) -> None:
@@ -237,7 +239,7 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
     _setup_logging(rc.logging if is_chief else rc.streamer_logging)
     mode = rc.mode
     try:
-        settings = settings_from_params(settings_input(params), mode=mode)
+        settings = settings_from_params(settings_input(params), mode="eval" if mode == "eval_all" else mode)
     except UserError as exc:
         raise ConfigError(str(exc)) from None
     model_dir = Path(rc.model_dir)
@@ -258,9 +260,10 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
 
     if not is_chief:  # streamers: stream the first session's input, then leave
         ignore_on_streamer()
-        loader = _wrap_loader(eval_input_fn if mode == "eval" else train_input_fn, params,
-                              "eval" if mode == "eval" else "train")
-        with cbtorch.Session(loader, mode="eval" if mode == "eval" else "train"):
+        evaluating = mode in EVAL_MODES
+        loader = _wrap_loader(eval_input_fn if evaluating else train_input_fn, params,
+                              "eval" if evaluating else "train")
+        with cbtorch.Session(loader, mode="eval" if evaluating else "train"):
             pass
         return 0
 
@@ -278,6 +281,9 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
     log.info("csrun: %s path (%s), mode %s, model_dir %s", path.kind, path.reason, mode, model_dir)
     _make_model_dir(model_dir)
     model = cbtorch.module(model_fn(params))
+    if mode == "eval_all":
+        _eval_all(params, path, model, model_dir, eval_input_fn, eval_metrics)
+        return 0
     optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
     state, where = _checkpoint_to_load(params, model_dir)
     start = 0
@@ -376,28 +382,81 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
 def _eval(params: Params, path: cli_args.RunPath, model: torch.nn.Module, model_dir: Path, step: int,
           eval_input_fn: Callable[[Params], Any] | None,
           eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> None:
+    """Evaluate the weights as they are (loaded, or just trained) at global step ``step``."""
+    _evaluate(params, path, model, model_dir, [loops.EvalPass(step=step)], eval_input_fn, eval_metrics)
+
+
+def _eval_all(params: Params, path: cli_args.RunPath, model: torch.nn.Module, model_dir: Path,
+              eval_input_fn: Callable[[Params], Any] | None,
+              eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> None:
+    """``--mode eval_all``: every checkpoint in model_dir, oldest first, in one eval session (on the
+    device: one compile; each checkpoint's weights loaded between passes); one TensorBoard point
+    per checkpoint at its global step. A checkpoint that does not verify is reported and skipped."""
+    rc = params.runconfig
+    if rc.checkpoint_path:
+        raise ConfigError("--mode eval_all evaluates every checkpoint in model_dir: --checkpoint_path is for "
+                          "--mode eval")
+    found = sorted(list_checkpoints(model_dir))
+    if not found:
+        raise CheckpointError(f"--mode eval_all: no checkpoint in {model_dir} (checkpoint_<step>.mdl)")
+    _say(f"eval_all: {len(found)} checkpoint(s) in {model_dir}: steps {', '.join(str(st) for st, _ in found)}")
+    skipped: list[str] = []
+
+    def loader_of(ckpt: Path) -> Callable[[], bool]:
+        def load() -> bool:
+            try:
+                state = load_checkpoint(ckpt)
+            except CheckpointError as exc:
+                log.warning("%s; skipping it", exc)
+                skipped.append(str(exc))
+                return False
+            cbtorch.set_state(state, strict=True, load_optimizer=False)
+            _say(f"Loaded checkpoint {ckpt} at global step {int(state.get('global_step', 0))}")
+            return True
+        return load
+
+    passes = [loops.EvalPass(step=st, load=loader_of(ckpt)) for st, ckpt in found]
+    results = _evaluate(params, path, model, model_dir, passes, eval_input_fn, eval_metrics)
+    if not results:
+        raise CheckpointError(f"--mode eval_all: no valid checkpoint in {model_dir}: " + "; ".join(skipped))
+    _say(f"eval_all: evaluated {len(results)} checkpoint(s)"
+         + (f", skipped {len(skipped)} that did not verify" if skipped else ""))
+
+
+def _evaluate(params: Params, path: cli_args.RunPath, model: torch.nn.Module, model_dir: Path,
+              passes: list[loops.EvalPass], eval_input_fn: Callable[[Params], Any] | None,
+              eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> list[loops.EvalResult]:
+    """One eval session over ``passes``; each pass's loss and metrics logged and written to eval/ at its step."""
     rc = params.runconfig
     if params.eval_input is None:
-        raise ConfigError("eval_input: required section missing for --mode eval")
+        raise ConfigError(f"eval_input: required section missing for --mode {rc.mode}")
     loader = _wrap_loader(eval_input_fn, params, "eval")
     folder = model_dir / "eval"
-    write_params(folder, "eval", params.to_dict())
-    result = loops.evaluate(model, loader, eval_steps=rc.eval_steps, batch_size=params.eval_input.batch_size,
-                            on_cpu=path.kind == "cpu")
-    metrics = dict(eval_metrics(result.means)) if eval_metrics is not None else {}
+    write_params(folder, "eval_all" if rc.mode == "eval_all" else "eval", params.to_dict())
     scalars = Scalars(folder)
-    try:
-        scalars.add("loss", result.means["loss"], step)
+
+    def report(result: loops.EvalResult) -> None:
+        metrics = dict(eval_metrics(result.means)) if eval_metrics is not None else {}
+        scalars.add("loss", result.means["loss"], result.step)
         for name, value in metrics.items():
-            scalars.add(name, float(value), step)
+            scalars.add(name, float(value), result.step)
+        scalars.flush()
+        _say(f"Avg Eval. Loss = {result.means['loss']:.6g}")
+        for name, value in metrics.items():
+            _say(f"Eval. {name} = {float(value):.6g}")
+        _say(f"Scored {result.samples} eval samples ({result.batches} batches) at global step {result.step}")
+
+    try:
+        results = loops.evaluate(model, loader, eval_steps=rc.eval_steps, batch_size=params.eval_input.batch_size,
+                                 on_cpu=path.kind == "cpu", passes=passes, on_result=report)
     finally:
         scalars.close()
-    _say(f"Avg Eval. Loss = {result.means['loss']:.6g}")
-    for name, value in metrics.items():
-        _say(f"Eval. {name} = {float(value):.6g}")
-    if rc.mode == "eval":
+    if results and rc.mode in EVAL_MODES:
         write_performance(model_dir, performance_doc(
-            total_samples=result.samples, total_time=result.total_time, batch_size=params.eval_input.batch_size,
-            stats=result.stats, compile_info=_compile_info(), path=path.kind, mode="eval", global_step=step))
-    _say(MSG_EVAL_DONE)
-    _say(f"TensorBoard logs: {model_dir / 'eval'} (tensorboard --logdir {model_dir})")
+            total_samples=sum(r.samples for r in results), total_time=sum(r.total_time for r in results),
+            batch_size=params.eval_input.batch_size, stats=results[-1].stats, compile_info=_compile_info(),
+            path=path.kind, mode=rc.mode, global_step=results[-1].step))
+    if results:
+        _say(MSG_EVAL_DONE)
+        _say(f"TensorBoard logs: {folder} (tensorboard --logdir {model_dir})")
+    return results
