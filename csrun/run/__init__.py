@@ -26,8 +26,9 @@ params are checked):
 
 =====================================  ==============================================================
 ``-p/--params FILE`` (required)        the params YAML (sections in :mod:`csrun.run.params`)
-``-m/--mode`` (required)               ``train``, ``eval`` or ``train_and_eval`` (CPU, lone chief only:
-                                       on the system "Training with Eval on CS is not currently
+``-m/--mode`` (required)               ``train``, ``eval``, ``eval_all`` (every checkpoint in model_dir,
+                                       see Eval below) or ``train_and_eval`` (CPU, lone chief only: on
+                                       the system "Training with Eval on CS is not currently
                                        supported.")
 ``-cs/--cs_ip HOST[:PORT]``            the system (a ``cs_emulator`` server); ``:9000`` added when no
                                        port; default ``$CS_IP``
@@ -71,13 +72,24 @@ Run length: ``max_steps`` is the last global step; ``num_steps`` runs that many 
 starting step (capped by max_steps); ``num_epochs`` runs to ``num_epochs * steps_per_epoch``
 (default: the loader's length). ``seed`` seeds torch, numpy and random on every task.
 
+Eval: ``eval`` scores the checkpoint of ``--checkpoint_path``, else the newest valid one in
+model_dir, at its global step; ``eval_all`` scores every checkpoint in model_dir, oldest first
+(one that does not verify is reported and skipped; none at all: exit 1), in one eval session:
+on the system the eval program is compiled once and each checkpoint's weights are loaded into
+it; each gets one TensorBoard point at its global step, with the values ``eval`` gives for it
+alone. A pass is one whole epoch of the eval loader, or its first ``eval_steps`` batches (with
+``eval_all`` the rest of that epoch is read but not scored, so every checkpoint scores the same
+batches; the system still runs those batches). Each pass logs "Avg Eval. Loss = X", the
+metrics and "Scored N eval samples (K batches) at global step S".
+
 What a run leaves in ``model_dir`` (chief only):
 
 * ``checkpoint_<step>.mdl`` + ``.sha256`` (:mod:`csrun.run.checkpoints`): at ``checkpoint_steps``,
   the last step, step 0 with ``save_initial_checkpoint``, and on preemption; "Saved checkpoint at
   global step: N"; with ``runconfig.keep_checkpoint_max: N`` (default 0: keep all, as legacy) only
   the newest N stay, and the one a run resumed from is never deleted;
-* ``train/``, ``eval/``: TensorBoard events and ``params_<mode>.yaml`` (:mod:`csrun.run.summaries`);
+* ``train/``, ``eval/``: TensorBoard events and ``params_<mode>.yaml`` (``params_eval_all.yaml``
+  for eval_all; :mod:`csrun.run.summaries`);
 * ``losses/losses.csv`` with ``save_losses`` (``step,loss``, one row per step);
 * ``performance/performance.json`` (:mod:`csrun.run.performance`);
 * ``cs_<hash>/`` from the compile (system path).
