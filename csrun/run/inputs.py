@@ -1,4 +1,14 @@
-"""Input functions for models whose data is HDF5 written by ``cs_convert_hdf5``.
+"""Input helpers for the models' input functions: whole eval splits, and HDF5 input functions.
+
+**Whole eval splits.** The system needs every batch whole (``drop_last=True``), so a split
+whose size is not a multiple of ``num_streamers * batch_size`` loses its remainder. An eval
+input function keeps it with :func:`pad_to_whole_batches`: the split followed by padding
+samples up to whole batches on every streamer. The model then marks the padding (e.g. a label
+of -1), averages its outputs over the batch's real samples only and returns their count as
+``"num_samples"``: the runner weights each batch's outputs by it and reports the samples
+scored (see :mod:`csrun.run`).
+
+**HDF5.** For models whose data is HDF5 written by ``cs_convert_hdf5``.
 
 A model's input section is a subclass of :class:`~csrun.data.HDF5InputConfig` (the one model
 of an input section, shared with the data loader), so the section the runner read is handed
@@ -15,13 +25,40 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from csrun.data import HDF5InputConfig, hdf5_dataloader
 from csrun.typed_config import ConfigError
 
 InputFn = Callable[[Any], DataLoader]
 SectionT = TypeVar("SectionT", bound=HDF5InputConfig)
+
+
+class PaddedDataset(Dataset):
+    """``dataset``'s samples, then ``pad`` (one padding sample) up to ``total`` samples."""
+
+    def __init__(self, dataset: Any, total: int, pad: Any) -> None:
+        self.dataset, self.total, self.pad = dataset, total, pad
+        self.real = len(dataset)
+        """Samples of the split (the rest are padding)."""
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __getitem__(self, index: int) -> Any:
+        if index < 0:
+            index += self.total
+        if not 0 <= index < self.total:
+            raise IndexError(f"index {index} out of range for {self.total} samples")
+        return self.dataset[index] if index < self.real else self.pad
+
+
+def pad_to_whole_batches(dataset: Any, batch_size: int, num_streamers: int, pad: Any) -> PaddedDataset:
+    """``dataset`` padded with ``pad`` to a multiple of ``max(num_streamers, 1) * batch_size``
+    samples, so that no sample is dropped and every streamer streams the same whole batches
+    (unshuffled: the padding is the last samples)."""
+    unit = max(num_streamers, 1) * batch_size
+    return PaddedDataset(dataset, -(-len(dataset) // unit) * unit, pad)
 
 
 def with_data_dir(cfg: SectionT, default_data_dir: str | Path) -> SectionT:

@@ -1,9 +1,11 @@
 """fc_mnist input functions: the bundled 8x8 digits (or seeded synthetic data) as DataLoaders.
 
 The digits are split once, deterministically (``split_digits``, seed 0: 1438 train / 359
-eval). Each loader keeps the longest prefix of its split that divides evenly into
-``num_streamers * batch_size`` samples (``cbtorch.dataloader`` refuses uneven shards), so
-every streamer streams the same number of whole batches. Shuffling uses a generator seeded
+eval). ``cbtorch.dataloader`` refuses uneven shards, so every streamer must stream the same
+number of whole batches: the train loader keeps the longest prefix of its split that divides
+evenly into ``num_streamers * batch_size`` samples; the eval loader keeps the whole split and
+pads it up to whole batches with samples labelled ``PAD_LABEL`` (-1), which the model leaves
+out of its loss and accuracy (:func:`csrun.run.inputs.pad_to_whole_batches`). Shuffling uses a generator seeded
 from ``shuffle_seed``, so every task draws the same order and a resumed run sees the same
 batches as an uninterrupted one.
 """
@@ -17,6 +19,7 @@ from torch.utils.data import DataLoader, Subset
 
 import csrun.torch as cbtorch
 from csrun.data import digits_dataset, load_digits, split_digits, synthetic_digits
+from csrun.run.inputs import pad_to_whole_batches
 from csrun.run.params import Params
 from model import FcMnistInputConfig
 
@@ -24,6 +27,8 @@ DIGITS = Path(__file__).resolve().parent / "data" / "digits.csv.gz"
 """The bundled data (models/fc_mnist/data/README.md)."""
 EVAL_FRACTION = 0.2
 SPLIT_SEED = 0
+PAD_LABEL = -1
+"""The label of the eval loader's padding samples (the model scores only labels >= 0)."""
 
 
 def _dataset(cfg: FcMnistInputConfig, train: bool) -> torch.utils.data.Dataset:
@@ -39,6 +44,10 @@ def _dataset(cfg: FcMnistInputConfig, train: bool) -> torch.utils.data.Dataset:
 
 def _loader(cfg: FcMnistInputConfig, train: bool) -> DataLoader:
     dataset = _dataset(cfg, train)
+    if not train:  # eval scores the whole split: padded up to whole batches on every streamer
+        image, label = dataset[0]
+        pad = (torch.zeros_like(image), torch.tensor(PAD_LABEL, dtype=label.dtype))
+        dataset = pad_to_whole_batches(dataset, cfg.batch_size, cbtorch.num_streamers(), pad)
     unit = max(cbtorch.num_streamers(), 1) * cfg.batch_size
     keep = len(dataset) // unit * unit
     if keep == 0:

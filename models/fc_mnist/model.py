@@ -1,9 +1,10 @@
 """fc_mnist: the legacy fully-connected digits classifier (depth x hidden_size, dropout, activation).
 
-``forward(batch)`` takes ``(images, labels)`` and returns ``{"loss", "accuracy"}``: the mean
-cross-entropy (what is trained) and the share of right answers in the batch (a scalar
-that stays on the device; the runner averages it over the eval batches, and with equal
-batches that mean is the eval accuracy).
+``forward(batch)`` takes ``(images, labels)`` and returns ``{"loss", "accuracy",
+"num_samples"}``: the mean cross-entropy (what is trained) and the share of right answers over
+the batch's real samples, and their count. A label of -1 marks a padding sample (the eval
+loader pads the split to whole batches): it counts in none of them. The runner weights each
+eval batch's loss and accuracy by ``num_samples``, so the means are over the whole split.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import torch
 from torch import nn
 
 from csrun.run.params import InputConfig, ModelConfig, doc
+
+PAD_LABEL = -1
+"""A padding sample's label (models/fc_mnist/data.py): not scored."""
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
@@ -66,11 +70,14 @@ class FcMnist(nn.Module):
                 if isinstance(m, nn.Linear):
                     nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
                     nn.init.zeros_(m.bias)
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = nn.CrossEntropyLoss(ignore_index=PAD_LABEL)
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Loss and accuracy for one batch."""
+        """Loss and accuracy over the batch's real samples (labels >= 0), and their count."""
         images, labels = batch
         logits = self.net(images)
+        count = (labels >= 0).sum()  # an integer: exact whatever the compute precision
+        right = (logits.argmax(dim=-1) == labels).float()
         return {"loss": self.loss_fn(logits, labels),
-                "accuracy": (logits.argmax(dim=-1) == labels).float().mean()}
+                "accuracy": right.sum() / torch.clamp(count, min=1),
+                "num_samples": count}
