@@ -39,8 +39,21 @@ RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "mod
 def build_parser(prog: str = "run.py", parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
     """The run.py argument parser (legacy spellings); ``parents``: a model's own flags
     (``run(..., extra_args_parser_fn=...)``), parsed with the rest."""
-    p = argparse.ArgumentParser(prog=prog, description="Train or evaluate a model-zoo model on the CPU or the system.",
-                                parents=list(parents))
+    for parent in parents:
+        if not isinstance(parent, argparse.ArgumentParser):
+            raise ConfigError(f"extra_args_parser_fn: must return an argparse.ArgumentParser (add_help=False) or a "
+                              f"list of them, got {type(parent).__name__}")
+    try:
+        p = argparse.ArgumentParser(prog=prog, description="Train or evaluate a model-zoo model on the CPU or the "
+                                    "system.", parents=list(parents))
+        _add_run_flags(p, prog)
+    except argparse.ArgumentError as exc:  # a model's flag that run.py (or -h) already has
+        raise ConfigError(f"extra_args_parser_fn: {exc}: a model's parser needs add_help=False and flags run.py "
+                          f"does not have") from None
+    return p
+
+
+def _add_run_flags(p: argparse.ArgumentParser, prog: str) -> None:
     p.add_argument("-cs", "--cs_ip", default=None,
                    help="system address HOST[:PORT] (:9000 added when no port), or 'embedded'; default $CS_IP")
     p.add_argument("-cpu", "--cpu", action="store_true", default=None, help="force the CPU path")
@@ -66,7 +79,6 @@ def build_parser(prog: str = "run.py", parents: Sequence[argparse.ArgumentParser
     p.add_argument("--eval_steps", type=int, default=None, help="runconfig.eval_steps: eval batches to run")
     p.add_argument("--checkpoint_steps", type=int, default=None,
                    help="runconfig.checkpoint_steps: save every this many steps (0: only at the end)")
-    return p
 
 
 def normalize_cs_ip(value: str | None) -> str | None:

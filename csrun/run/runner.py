@@ -185,6 +185,9 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
         args = cli_args.parse_args(argv, prog=prog, parents=parents)
     except SystemExit as exc:  # argparse printed the usage and the error (exit 2), or --help (0)
         return exc.code if isinstance(exc.code, int) else 2
+    except ConfigError as exc:  # the model's own parser does not fit run.py's
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
     is_chief = cbtorch.is_master_ordinal()
     try:
         params = cli_args.load_params(args, model_config=model_config, input_config=input_config,

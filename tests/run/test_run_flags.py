@@ -83,22 +83,40 @@ def test_a_models_own_flags_reach_model_fn(tmp_path: Path, monkeypatch: pytest.M
         seen.update(params.extra_args)
         return model.FcMnist(params.model)
 
-    def call(*argv: str) -> int:
+    in_input: dict = {}
+
+    def train_input_fn(params):  # type: ignore[no-untyped-def]
+        in_input.update(params.extra_args)
+        return data.train_input_fn(params)
+
+    def call(*argv: str, parser_fn=extra) -> int:  # type: ignore[no-untyped-def]
         torch_state.reset_for_tests()
         try:
-            return run(model_fn=model_fn, train_input_fn=data.train_input_fn, eval_input_fn=data.eval_input_fn,
+            return run(model_fn=model_fn, train_input_fn=train_input_fn, eval_input_fn=data.eval_input_fn,
                        model_config=model.FcMnistConfig, input_config=model.FcMnistInputConfig, argv=list(argv),
-                       extra_args_parser_fn=extra)
+                       extra_args_parser_fn=parser_fn)
         finally:
             torch_state.reset_for_tests()
 
     md = tmp_path / "md"
     assert call("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu", "--max_steps", "5",
                 "--dropout_override", "0.25") == 0
-    assert seen == {"dropout_override": 0.25}
+    assert seen == {"dropout_override": 0.25} and in_input == seen
     assert "extra_args" not in yaml.safe_load((md / "train" / "params_train.yaml").read_text())
     assert call("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu", "--no_such_flag", "1") == 2
     assert "unrecognized arguments: --no_such_flag" in capsys.readouterr().err
+
+    def clashing() -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(add_help=False)
+        p.add_argument("--max_steps", type=int)
+        return p
+
+    assert call("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu", parser_fn=clashing) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "extra_args_parser_fn: argument --max_steps: conflicting option string" in err
+    assert call("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cpu",
+                parser_fn=lambda: argparse.ArgumentParser()) == 2  # add_help=True: -h clashes
+    assert "add_help=False" in capsys.readouterr().err
     for name in ("model", "data"):
         sys.modules.pop(name, None)
 
