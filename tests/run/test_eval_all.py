@@ -80,3 +80,38 @@ def test_eval_all_skips_a_corrupt_checkpoint_and_needs_one(fc_mnist: Run, tmp_pa
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "eval_all", "-o", str(empty), "--cpu") == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--mode eval_all: no checkpoint in" in err and "Traceback" not in err
+
+
+MPIEXEC = Path(__import__("sys").executable).parent / "mpiexec"
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec in the venv")
+def test_eval_all_with_two_streamers_on_the_embedded_emulator(fc_mnist: Run, tmp_path: Path) -> None:
+    """One streamed session for every checkpoint (only one Session per run can stream); with
+    --eval_steps each pass still scores the epoch's first batches: the last checkpoint's point is
+    what eval gives for it alone with the same streamers."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.run.conftest import FC_MNIST
+
+    md = tmp_path / "md"
+    three_checkpoints(fc_mnist, md)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "CS_IP", "CSRUN_LAUNCHER")}
+
+    def streamed(out: Path, mode: str, *flags: str) -> str:
+        done = subprocess.run([str(MPIEXEC), "-n", "3", sys.executable, str(FC_MNIST / "run.py"), "-p",
+                               str(DEBUG_YAML), "-m", mode, "-o", str(out), "--cs_ip", "embedded", "--eval_steps", "3",
+                               *flags], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=200)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "streaming from 2 streamer(s)" in done.stderr
+        return done.stdout
+
+    out = streamed(md, "eval_all")
+    assert out.count("Scored 192 eval samples (3 batches) at global step ") == 3
+    points = scalars(md / "eval", "loss")
+    assert [s for s, _ in points] == [50, 100, 150]
+    streamed(tmp_path / "alone", "eval", "--checkpoint_path", str(md / "checkpoint_150.mdl"))
+    assert points[-1][1] == pytest.approx(scalars(tmp_path / "alone" / "eval", "loss")[0][1], rel=1e-6, abs=1e-7)

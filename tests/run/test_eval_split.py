@@ -9,6 +9,7 @@ from typing import Callable
 
 import pytest
 import torch
+import yaml
 
 from csrun.run import loops
 from csrun.run.inputs import pad_to_whole_batches
@@ -33,6 +34,7 @@ def test_eval_covers_the_whole_split_and_says_how_many_samples(fc_mnist: Run, tm
     assert json.loads((md / "performance" / "performance.json").read_text())["total_samples"] == EVAL_SPLIT
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "eval", "-o", str(md), "--cpu", "--eval_steps", "2") == 0
     assert "Scored 128 eval samples (2 batches) at global step 60" in capsys.readouterr().out
+    assert yaml.safe_load((md / "eval" / "params_eval.yaml").read_text())["runconfig"]["eval_steps"] == 2
 
 
 def test_the_whole_split_on_the_embedded_emulator_matches_the_cpu(fc_mnist: Run, tmp_path: Path,
