@@ -18,8 +18,14 @@ Contract: ``model_fn(params)`` returns a ``torch.nn.Module`` whose ``forward(bat
 a dict of scalar tensors, ``"loss"`` first (others, e.g. ``"correct"``, are averaged in
 eval). Input functions return a ``torch.utils.data.DataLoader`` with ``drop_last=True``
 (the runner wraps it with ``cbtorch.dataloader``; map-style datasets must split evenly over
-the streamers). ``eval_metrics(means)`` turns the eval means into named metrics. Every task
-runs the same script: rank 0 (the chief) runs the loops, the others stream input.
+the streamers). To score a whole eval split, whose size need not be a multiple of the batch,
+the eval input function pads it to whole batches (:func:`csrun.run.inputs.pad_to_whole_batches`)
+and ``forward`` averages over the batch's real samples and returns their count as
+``"num_samples"``: the runner then weights every eval output by it (a batch of padding only
+counts for nothing) and reports the samples scored; without it every batch counts
+``batch_size`` samples. fc_mnist does this (padding labelled -1). ``eval_metrics(means)``
+turns the eval means into named metrics. Every task runs the same script: rank 0 (the
+chief) runs the loops, the others stream input.
 
 run.py flags (every given flag overwrites the ``runconfig`` key of the same name, then the
 params are checked):
@@ -48,12 +54,16 @@ params are checked):
 ``-c/--compile_dir DIR``               compile output folder (default ``model_dir/cs_<hash>``)
 ``--execution_strategy pipeline``      the only strategy here
 ``--max_steps N``, ``--eval_steps N``  override ``runconfig.max_steps`` / ``eval_steps`` /
-``--checkpoint_steps N``               ``checkpoint_steps`` (same checks; ``params_<mode>.yaml``
-                                       records the value that ran)
+``--checkpoint_steps N``               ``checkpoint_steps`` (same checks; a bad value is one line
+                                       naming the flag, exit 2; ``params_<mode>.yaml`` records the
+                                       value that ran)
 ``--version``                          print ``run.py (csrun X.Y.Z)``
 (a model's own flags)                  ``run(..., extra_args_parser_fn=f)``: ``f()`` returns parser(s)
                                        (``add_help=False``) parsed with these; the values reach the
-                                       model and input functions as ``params.extra_args``
+                                       model and input functions as ``params.extra_args`` (a dict
+                                       by dest; not in ``params_<mode>.yaml``); an unknown flag is
+                                       still an error listing the valid ones, and a model flag that
+                                       run.py already has is a one-line error (exit 2)
 =====================================  ==============================================================
 
 Paths: the **system** when ``cs_ip``, ``--compile_only`` or ``--validate_only`` is set, or when
@@ -74,7 +84,8 @@ starting step (capped by max_steps); ``num_epochs`` runs to ``num_epochs * steps
 
 Eval: ``eval`` scores the checkpoint of ``--checkpoint_path``, else the newest valid one in
 model_dir, at its global step; ``eval_all`` scores every checkpoint in model_dir, oldest first
-(one that does not verify is reported and skipped; none at all: exit 1), in one eval session:
+(one that does not verify is reported and skipped; none at all: exit 1; ``--checkpoint_path``
+is refused), in one eval session (the streamers stream one epoch per checkpoint):
 on the system the eval program is compiled once and each checkpoint's weights are loaded into
 it; each gets one TensorBoard point at its global step, with the values ``eval`` gives for it
 alone. A pass is one whole epoch of the eval loader, or its first ``eval_steps`` batches (with
@@ -87,7 +98,8 @@ What a run leaves in ``model_dir`` (chief only):
 * ``checkpoint_<step>.mdl`` + ``.sha256`` (:mod:`csrun.run.checkpoints`): at ``checkpoint_steps``,
   the last step, step 0 with ``save_initial_checkpoint``, and on preemption; "Saved checkpoint at
   global step: N"; with ``runconfig.keep_checkpoint_max: N`` (default 0: keep all, as legacy) only
-  the newest N stay, and the one a run resumed from is never deleted;
+  the newest N stay (each deleted with its ``.sha256``), checked after every save; the one just
+  written and the one a run resumed from are never deleted;
 * ``train/``, ``eval/``: TensorBoard events and ``params_<mode>.yaml`` (``params_eval_all.yaml``
   for eval_all; :mod:`csrun.run.summaries`);
 * ``losses/losses.csv`` with ``save_losses`` (``step,loss``, one row per step);
@@ -103,7 +115,8 @@ or run error; 143 / 138 stopped by SIGTERM / SIGUSR1 after a checkpoint (:mod:`c
 Modules: :mod:`~csrun.run.cli_args` (flags, overrides, path), :mod:`~csrun.run.params` (YAML
 schema), :mod:`~csrun.run.runner` (orchestration), :mod:`~csrun.run.loops` (train/eval),
 :mod:`~csrun.run.checkpoints`, :mod:`~csrun.run.summaries`, :mod:`~csrun.run.performance`,
-:mod:`~csrun.run.progress`, :mod:`~csrun.run.preemption`.
+:mod:`~csrun.run.progress`, :mod:`~csrun.run.preemption`, :mod:`~csrun.run.inputs` (eval padding,
+HDF5 input functions).
 """
 
 from __future__ import annotations

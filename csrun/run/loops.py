@@ -13,9 +13,12 @@ loss is therefore checked where it is read (always before a checkpoint is writte
 With ``grad_accum_steps`` k > 1 (CPU only) a step is k batches with the loss divided by k;
 its closure sees the last batch's outputs.
 
-Eval: ``model(batch)`` under ``torch.no_grad`` (CPU path), one closure per batch adding every
-output to a running sum; ``eval_steps`` batches or one pass over the eval loader. The
-result is the mean of each output over the batches.
+Eval: one Session of one or more passes (``eval_all``: one per checkpoint, its weights
+loaded before the pass); a pass is ``eval_steps`` batches or one epoch of the eval loader.
+``model(batch)`` under ``torch.no_grad`` (CPU path), one closure per batch reading its
+outputs. The result is the mean of each output over the batches, weighted by the batch's
+``num_samples`` output when the model returns one (a padded eval split), and the samples
+scored.
 """
 
 from __future__ import annotations
