@@ -14,15 +14,8 @@ import torch
 
 from csrun.compiler.errors import ConfigError, Location, UnsupportedOptimizer
 from csrun.compiler.locate import caller_location, definition_location
-from csrun.compiler.spec import LEGACY_OPTIMIZERS, OptimizerSpec
-
-TORCH_OPTIMIZER_TYPES: dict[str, str] = {
-    "SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adamax": "adamax", "Adadelta": "adadelta",
-    "Adafactor": "adafactor", "Adagrad": "adagrad", "ASGD": "asgd", "RAdam": "radam",
-    "NAdam": "nadam", "RMSprop": "rmsprop", "Rprop": "rprop",
-}
-"""torch.optim class name -> legacy optimizer type. (torch has no LAMB; LBFGS and SparseAdam
-have no legacy counterpart.)"""
+from csrun.compiler.spec import OptimizerSpec
+from csrun.program import optimizers as table
 
 _IMPLEMENTATION_KEYS = frozenset({
     "params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable", "decoupled_weight_decay",
@@ -30,27 +23,25 @@ _IMPLEMENTATION_KEYS = frozenset({
 """param_group keys that are not hyperparameters of the update rule (``decoupled_weight_decay``
 is carried by the type instead: torch's Adam with it on is AdamW)."""
 
-_PARAMS_KEYS = frozenset({
-    "optimizer_type", "learning_rate", "momentum", "weight_decay_rate", "beta1", "beta2", "eps",
-    "epsilon", "correct_bias", "exclude_from_weight_decay", "loss_scaling_factor",
-    "initial_loss_scale", "steps_per_increase", "min_loss_scale", "max_loss_scale",
-    "max_gradient_norm", "max_gradient_value", "grad_accum_steps", "nesterov", "amsgrad",
-    "rho", "alpha", "centered", "initial_accumulator_value", "lr_decay",
-})
+_PARAMS_KEYS = table.HYPERPARAMETER_KEYS | {
+    "optimizer_type", "learning_rate", "loss_scaling_factor", "initial_loss_scale", "steps_per_increase",
+    "min_loss_scale", "max_loss_scale", "max_gradient_norm", "max_gradient_value", "grad_accum_steps",
+}
 """Keys the legacy ``optimizer:`` section may hold."""
 
 
 def legacy_type_of(optimizer: torch.optim.Optimizer) -> str | None:
     """The legacy type of a torch optimizer object, or None when the system has none.
 
-    torch.optim classes map by :data:`TORCH_OPTIMIZER_TYPES`; a custom class counts when its
-    name (or a base class's) is a legacy type (e.g. a user ``Lamb``): the device runs its own implementation.
+    torch.optim classes map by :data:`csrun.program.optimizers.TORCH_CLASSES`; a custom class counts
+    when its name (or a base class's) is a legacy type (e.g. a user ``Lamb``): the device runs its own
+    implementation.
     """
     for klass in type(optimizer).__mro__:
         if klass.__module__.startswith("torch.optim"):
-            if klass.__name__ in TORCH_OPTIMIZER_TYPES:
-                return TORCH_OPTIMIZER_TYPES[klass.__name__]
-        elif klass.__name__.lower() in LEGACY_OPTIMIZERS:
+            if klass.__name__ in table.TORCH_CLASSES:
+                return table.TORCH_CLASSES[klass.__name__]
+        elif klass.__name__.lower() in table.OPTIMIZERS:
             return klass.__name__.lower()
     return None
 
@@ -86,11 +77,10 @@ def unsupported_optimizer_error(optimizer: torch.optim.Optimizer) -> Unsupported
     """The error for an optimizer the system lacks, located at its class (custom) or the caller."""
     cls = type(optimizer)
     loc: Location | None = None if is_torch_builtin(optimizer) else definition_location(cls)
+    own = " or ".join(f"a class named {o.class_name}" for o in table.OPTIMIZERS.values() if not o.in_torch)
     return UnsupportedOptimizer(
         f"optimizer {cls.__module__}.{cls.__qualname__} is not one the system has",
-        fix="use one of: " + ", ".join(LEGACY_OPTIMIZERS)
-            + " (torch.optim.SGD, Adam, AdamW, Adamax, Adadelta, Adafactor, Adagrad, ASGD, RAdam,"
-              " NAdam, RMSprop, Rprop, or a class named Lamb)",
+        fix="use one of: " + ", ".join(table.NAMES) + " (torch.optim." + ", ".join(table.TORCH_CLASSES) + f", or {own})",
         location=loc or caller_location())
 
 
@@ -137,11 +127,11 @@ def learning_rate_from_torch(optimizer: torch.optim.Optimizer) -> float:
 def optimizer_spec_from_params(section: Mapping[str, Any]) -> OptimizerSpec:
     """The :class:`OptimizerSpec` of the legacy params ``optimizer:`` section.
 
-    ``optimizer_type`` is case-insensitive; ``weight_decay_rate`` becomes ``weight_decay``,
-    ``beta1``/``beta2`` become ``betas``, ``epsilon`` becomes ``eps``; legacy-only keys
-    (``correct_bias``, ``exclude_from_weight_decay``) are kept as they are. Learning rate,
-    loss scaling, clipping and accumulation are read by
-    :func:`csrun.compiler.settings.settings_from_params`, not here. Unknown keys are errors.
+    ``optimizer_type`` is case-insensitive; the hyperparameters are
+    :func:`csrun.program.optimizers.spec_hyperparameters` of the section (the type's own keys at
+    their value or default, legacy keys under torch's names). Learning rate, loss scaling,
+    clipping and accumulation are read by :func:`csrun.compiler.settings.settings_from_params`,
+    not here. Unknown keys are errors.
     """
     unknown = sorted(set(section) - _PARAMS_KEYS)
     if unknown:
@@ -150,53 +140,25 @@ def optimizer_spec_from_params(section: Mapping[str, Any]) -> OptimizerSpec:
     raw_type = section.get("optimizer_type")
     if not isinstance(raw_type, str):
         raise ConfigError(f"optimizer.optimizer_type must be a string, got {raw_type!r}",
-                          fix="set optimizer_type to one of: " + ", ".join(LEGACY_OPTIMIZERS))
+                          fix="set optimizer_type to one of: " + ", ".join(table.NAMES))
     kind = raw_type.lower()
-    if kind not in LEGACY_OPTIMIZERS:
+    if kind not in table.OPTIMIZERS:
         raise UnsupportedOptimizer(f"optimizer_type {raw_type!r} is not one the system has",
-                                   fix="use one of: " + ", ".join(LEGACY_OPTIMIZERS))
-    hp: dict[str, Any] = {}
-    if "momentum" in section:
-        hp["momentum"] = float(section["momentum"])
-    if "weight_decay_rate" in section:
-        hp["weight_decay"] = float(section["weight_decay_rate"])
-    if "beta1" in section or "beta2" in section:
-        hp["betas"] = [float(section.get("beta1", 0.9)), float(section.get("beta2", 0.999))]
-    for src, dst in (("eps", "eps"), ("epsilon", "eps"), ("rho", "rho"), ("alpha", "alpha"),
-                     ("lr_decay", "lr_decay"), ("initial_accumulator_value", "initial_accumulator_value")):
-        if src in section:
-            hp[dst] = float(section[src])
-    for key in ("nesterov", "amsgrad", "centered", "correct_bias"):
-        if key in section:
-            hp[key] = bool(section[key])
-    if "exclude_from_weight_decay" in section:
-        hp["exclude_from_weight_decay"] = [str(x) for x in section["exclude_from_weight_decay"]]
+                                   fix="use one of: " + ", ".join(table.NAMES))
+    try:
+        hp = table.spec_hyperparameters(section)
+    except ValueError as exc:
+        raise ConfigError(f"optimizer: {exc}") from None
     return OptimizerSpec(type=kind, hyperparameters=hp)
 
 
 def state_slots(spec: OptimizerSpec | None) -> float:
     """Parameter-sized state tensors the optimizer keeps per weight (for the memory budget).
 
-    sgd: 1 with momentum else 0; adam/adamw/lamb/nadam/radam/adamax/adadelta: 2 (amsgrad +1);
-    adagrad: 1; rmsprop: 1 (+1 momentum, +1 centered); rprop: 2; asgd: 1; adafactor:
-    factored second moments, counted as 0.1 of a slot (an estimate). None (eval): 0.
+    :func:`csrun.program.optimizers.state_slots`: e.g. sgd 1 with momentum else 0, the Adam
+    family 2 (amsgrad +1), adafactor's factored second moments counted as 0.1 of a slot (an
+    estimate). None (eval): 0.
     """
     if spec is None:
         return 0.0
-    hp = spec.hyperparameters
-    t = spec.type
-    if t == "sgd":
-        return 1.0 if float(hp.get("momentum", 0.0) or 0.0) != 0.0 else 0.0
-    if t in ("adam", "adamw", "lamb", "nadam", "radam", "adamax", "adadelta"):
-        return 3.0 if hp.get("amsgrad") else 2.0
-    if t == "adagrad":
-        return 1.0
-    if t == "rmsprop":
-        return 1.0 + (1.0 if float(hp.get("momentum", 0.0) or 0.0) else 0.0) + (1.0 if hp.get("centered") else 0.0)
-    if t == "rprop":
-        return 2.0
-    if t == "asgd":
-        return 1.0
-    if t == "adafactor":
-        return 0.1
-    return 2.0  # an unknown type: assume Adam-like
+    return table.state_slots(spec.type, spec.hyperparameters)

@@ -19,12 +19,6 @@ from csrun.program.loss_scaling import (
     STEPS_PER_INCREASE,
 )
 
-LEGACY_OPTIMIZERS = (
-    "sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "asgd",
-    "lamb", "radam", "nadam", "rmsprop", "rprop",
-)
-"""The optimizer types the system had (``optimizer_type`` in the params, case-insensitive)."""
-
 PRECISIONS = ("float16", "bfloat16", "cbfloat16", "float32")
 """Compute dtypes: the three the system had, plus float32 for exactness checks."""
 
@@ -46,7 +40,7 @@ class OptimizerSpec:
     """The optimizer the device runs."""
 
     type: str
-    """One of :data:`LEGACY_OPTIMIZERS`, lower case."""
+    """One of :data:`csrun.program.optimizers.NAMES` (the optimizer table), lower case."""
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the optimizer (``lr`` excluded: it comes from the schedule),
     e.g. ``{"momentum": 0.9, "weight_decay": 0.0}``; JSON values only (lists for betas)."""

@@ -1,17 +1,17 @@
 """Optimizers: the legacy ``optimizer_type`` list built from an :class:`OptimizerSpec`.
 
-Names are case-insensitive and map to ``torch.optim`` classes where one exists (``Adafactor`` is
-``torch.optim.Adafactor``). LAMB is not in torch: :class:`Lamb` implements the legacy model zoo's
-form (LAMB v3, no bias correction, weight norm clamped to [0, 10]). AdamW with
-``correct_bias: false`` (the model zoo's default) is :class:`AdamWNoBiasCorrection`; otherwise
-``torch.optim.AdamW``.
+The types, their classes and their defaults are the optimizer table,
+:mod:`csrun.program.optimizers`. Names are case-insensitive and map to ``torch.optim`` classes
+where one exists (``Adafactor`` is ``torch.optim.Adafactor``). LAMB is not in torch:
+:class:`Lamb` implements the legacy model zoo's form (LAMB v3, no bias correction, weight norm
+clamped to [0, 10]). AdamW with ``correct_bias: false`` (the model zoo's default) is
+:class:`AdamWNoBiasCorrection`; otherwise ``torch.optim.AdamW``.
 
-Hyperparameters may use torch keyword names or the legacy params keys, which are mapped:
-``beta1``/``beta2`` -> ``betas``; ``weight_decay_rate`` -> ``weight_decay``; ``use_nesterov`` ->
-``nesterov``; ``eta1``/``eta2`` -> ``etas``; ``step_size_min``/``step_size_max`` ->
-``step_sizes``; Adafactor ``eps1``/``eps2`` -> ``eps``, ``decay_rate`` -> ``beta2_decay``,
-``clip_threshold`` -> ``d``; ``exclude_from_weight_decay`` (list of name substrings) puts matching
-parameters in a group with weight decay 0. Unknown keys are errors listing the valid ones.
+Hyperparameters may use torch keyword names or the legacy params keys, which are mapped by
+:func:`csrun.program.optimizers.torch_hyperparameters` (``beta1``/``beta2`` -> ``betas``,
+``weight_decay_rate`` -> ``weight_decay``, ...); ``exclude_from_weight_decay`` (list of name
+substrings) puts matching parameters in a group with weight decay 0. Unknown keys are errors
+listing the valid ones.
 
 Optimizer state is created before the first step (:func:`preinitialize_state`), as the system
 required: stateful tensors must exist before the program runs.
@@ -26,13 +26,13 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from csrun.emulator.errors import SpecError
-
-OPTIMIZERS: dict[str, str] = {
-    "sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adamax": "Adamax", "adadelta": "Adadelta",
-    "adafactor": "Adafactor", "adagrad": "Adagrad", "asgd": "ASGD", "lamb": "Lamb", "radam": "RAdam",
-    "nadam": "NAdam", "rmsprop": "RMSprop", "rprop": "Rprop",
-}
-"""Legacy ``optimizer_type`` (lower case) to class name."""
+from csrun.program.optimizers import (
+    DEFAULT_BETAS,
+    NO_BIAS_CORRECTION_EPS,
+    OPTIMIZERS,
+    default_eps,
+    torch_hyperparameters,
+)
 
 
 class _AdamMoments(torch.optim.Optimizer):
@@ -88,8 +88,8 @@ class Lamb(_AdamMoments):
         self,
         params: Iterable[Any],
         lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
+        betas: tuple[float, float] = DEFAULT_BETAS,
+        eps: float = default_eps("lamb"),  # type: ignore[assignment]
         weight_decay: float = 0.0,
         adam: bool = False,
     ) -> None:
@@ -120,8 +120,8 @@ class AdamWNoBiasCorrection(_AdamMoments):
         self,
         params: Iterable[Any],
         lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
+        betas: tuple[float, float] = DEFAULT_BETAS,
+        eps: float = NO_BIAS_CORRECTION_EPS,
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
@@ -137,41 +137,16 @@ def _class_for(name: str, hp: dict[str, Any]) -> type[torch.optim.Optimizer]:
         return Lamb
     if name == "adamw" and hp.get("correct_bias", True) is False:
         return AdamWNoBiasCorrection
-    return getattr(torch.optim, OPTIMIZERS[name])
+    return getattr(torch.optim, OPTIMIZERS[name].class_name)
 
 
 def _map_legacy(name: str, hp: dict[str, Any]) -> dict[str, Any]:
-    """Legacy params keys to torch keyword arguments."""
-    out = dict(hp)
-    if "beta1" in out or "beta2" in out:
-        if name == "adafactor":
-            if out.pop("beta1", None) is not None:
-                raise SpecError("optimizer: adafactor beta1 is not supported by torch.optim.Adafactor (leave it unset)")
-        else:
-            default = (0.9, 0.999)
-            out["betas"] = (float(out.pop("beta1", default[0])), float(out.pop("beta2", default[1])))
-    if "weight_decay_rate" in out:
-        out["weight_decay"] = out.pop("weight_decay_rate")
-    if "use_nesterov" in out:
-        out["nesterov"] = out.pop("use_nesterov")
-    if "eta1" in out or "eta2" in out:
-        out["etas"] = (float(out.pop("eta1", 0.5)), float(out.pop("eta2", 1.2)))
-    if "step_size_min" in out or "step_size_max" in out:
-        out["step_sizes"] = (float(out.pop("step_size_min", 1e-6)), float(out.pop("step_size_max", 50.0)))
-    if name == "adafactor":
-        if "eps1" in out or "eps2" in out:
-            out["eps"] = (out.pop("eps1", None), float(out.pop("eps2", 1e-3)))
-        if "decay_rate" in out:
-            out["beta2_decay"] = out.pop("decay_rate")
-        if "clip_threshold" in out:
-            out["d"] = out.pop("clip_threshold")
-        for key, ok in (("scale_parameter", False), ("relative_step", False), ("warmup_init", False)):
-            if key in out:
-                if out.pop(key) != ok:
-                    raise SpecError(
-                        f"optimizer: adafactor {key}: true is not supported by torch.optim.Adafactor; set it to false"
-                    )
-    if name in ("adamw",):
+    """Legacy params keys to torch keyword arguments (pairs as tuples; ``correct_bias`` chose the class)."""
+    try:
+        out = torch_hyperparameters(name, hp)
+    except ValueError as exc:
+        raise SpecError(f"optimizer: {exc}") from None
+    if name == "adamw":
         out.pop("correct_bias", None)
     elif "correct_bias" in out:
         raise SpecError(f"optimizer: correct_bias applies to adamw only, not {name}")
@@ -181,12 +156,11 @@ def _map_legacy(name: str, hp: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-FOREACH_EXACT = frozenset({"sgd", "adam", "adamw", "adamax", "adadelta", "adagrad", "rmsprop", "rprop"})
+FOREACH_EXACT = frozenset(name for name, entry in OPTIMIZERS.items() if entry.foreach)
 """Optimizers run with ``foreach=True`` (one kernel per operation over all weights instead of a
-Python loop over them): their foreach and per-tensor updates are bit-for-bit the same
-(tests/emulator/test_optimizers.py checks it), so the device still equals an eager loop, which
-on a CPU uses the per-tensor path. ``adafactor``, ``asgd``, ``nadam`` and ``radam`` round
-differently in their foreach form and keep the per-tensor one."""
+Python loop over them; :attr:`csrun.program.optimizers.Optimizer.foreach`): their foreach and
+per-tensor updates are bit-for-bit the same, so the device still equals an eager loop, which on
+a CPU uses the per-tensor path."""
 
 
 def build_optimizer(

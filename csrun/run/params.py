@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import yaml
 
-from csrun.compiler.spec import LEGACY_OPTIMIZERS
 from csrun.data.config import InputConfig
 from csrun.program.loss_scaling import (
     INITIAL_LOSS_SCALE,
@@ -29,7 +28,7 @@ from csrun.program.loss_scaling import (
     MIN_LOSS_SCALE,
     STEPS_PER_INCREASE,
 )
-from csrun.program.optimizers import default_eps
+from csrun.program.optimizers import HYPERPARAMETER_DEFAULTS as OPT, NAMES, OptimizerType, default_eps
 from csrun.typed_config import (
     ConfigError,
     check_fields,
@@ -40,13 +39,6 @@ from csrun.typed_config import (
 
 __all__ = ["CSConfig", "ConfigError", "InputConfig", "ModelConfig", "OptimizerConfig", "Params", "RunConfig",
            "check_params", "doc", "params_from_dict", "read_yaml", "required"]
-
-OptimizerType = Literal[
-    "sgd", "adam", "adamw", "adamax", "adadelta", "adafactor", "adagrad", "asgd",
-    "lamb", "radam", "nadam", "rmsprop", "rprop",
-]
-if set(OptimizerType.__args__) != set(LEGACY_OPTIMIZERS):  # type: ignore[attr-defined]
-    raise ImportError("csrun.run.params: OptimizerType and compiler.spec.LEGACY_OPTIMIZERS disagree")
 
 
 doc = setting
@@ -107,21 +99,21 @@ class RunConfig:
 class OptimizerConfig:
     """``optimizer``: the optimizer, its schedule, loss scaling and clipping (run on the device)."""
 
-    optimizer_type: OptimizerType = required("one of " + ", ".join(LEGACY_OPTIMIZERS) + " (any case)")
+    optimizer_type: OptimizerType = required("one of " + ", ".join(NAMES) + " (any case)")
     learning_rate: float | dict[str, Any] | list[dict[str, Any]] = required("a number, a {scheduler: ...} mapping, or a list of them")
-    momentum: float = doc(0.0, "SGD / RMSprop momentum")
-    nesterov: bool = doc(False, "SGD Nesterov momentum")
-    weight_decay_rate: float = doc(0.0, "weight decay")
-    beta1: float = doc(0.9, "Adam-family first-moment decay")
-    beta2: float = doc(0.999, "Adam-family second-moment decay")
+    momentum: float = doc(OPT["momentum"], "SGD / RMSprop momentum")
+    nesterov: bool = doc(OPT["nesterov"], "SGD Nesterov momentum")
+    weight_decay_rate: float = doc(OPT["weight_decay_rate"], "weight decay")
+    beta1: float = doc(OPT["beta1"], "Adam-family first-moment decay")
+    beta2: float = doc(OPT["beta2"], "Adam-family second-moment decay")
     eps: float | None = doc(None, "the optimizer's epsilon (default: its own, see csrun.program.optimizers; "
                                   "params_train.yaml records the value that runs)")
-    correct_bias: bool = doc(True, "Adam/AdamW/LAMB bias correction")
+    correct_bias: bool = doc(OPT["correct_bias"], "Adam/AdamW/LAMB bias correction")
     exclude_from_weight_decay: list[str] = doc([], "parameter-name substrings that get no weight decay (e.g. bias, LayerNorm)")
-    rho: float = doc(0.9, "Adadelta decay")
-    alpha: float = doc(0.99, "RMSprop smoothing")
-    centered: bool = doc(False, "RMSprop centered")
-    initial_accumulator_value: float = doc(0.0, "Adagrad initial accumulator")
+    rho: float = doc(OPT["rho"], "Adadelta decay")
+    alpha: float = doc(OPT["alpha"], "RMSprop smoothing")
+    centered: bool = doc(OPT["centered"], "RMSprop centered")
+    initial_accumulator_value: float = doc(OPT["initial_accumulator_value"], "Adagrad initial accumulator")
     loss_scaling_factor: float | Literal["dynamic"] = doc(1.0, "a number, or 'dynamic'")
     initial_loss_scale: float = doc(INITIAL_LOSS_SCALE, "dynamic scaling: the first scale")
     steps_per_increase: int = doc(STEPS_PER_INCREASE, "dynamic scaling: good steps before the scale doubles")

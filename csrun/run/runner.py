@@ -73,29 +73,6 @@ def seed_everything(seed: int | None) -> None:
     torch.manual_seed(seed)
 
 
-def settings_input(params: Params) -> dict[str, Any]:
-    """The params as ``settings_from_params`` reads them: the optimizer type's own update keys
-    (:data:`csrun.program.optimizers.UPDATE_KEYS`) always, at their value or default, so the engine
-    runs what params_train.yaml shows; other optimizer keys left at their default are left out (the
-    compiler refuses keys that do not apply to the type, e.g. correct_bias for sgd)."""
-    from csrun.program.optimizers import UPDATE_KEYS
-
-    import dataclasses
-
-    from csrun.run.params import OptimizerConfig
-
-    data = params.to_dict()
-    if params.optimizer is not None:
-        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else
-                    (f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)  # type: ignore[misc]
-                    for f in dataclasses.fields(OptimizerConfig)}
-        own = UPDATE_KEYS.get(str(params.optimizer.optimizer_type).lower(), ())
-        data["optimizer"] = {k: v for k, v in data["optimizer"].items()
-                             if (k in own and v is not None)
-                             or defaults.get(k, dataclasses.MISSING) is dataclasses.MISSING or v != defaults[k]}
-    return data
-
-
 def _optimizer(params: Params, model: torch.nn.Module, settings: Any) -> torch.optim.Optimizer:
     from csrun.emulator.optimizers import build_optimizer, preinitialize_state
     from csrun.emulator.schedules import build_schedule
@@ -242,7 +219,7 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
     _setup_logging(rc.logging if is_chief else rc.streamer_logging)
     mode = rc.mode
     try:
-        settings = settings_from_params(settings_input(params), mode="eval" if mode == "eval_all" else mode)
+        settings = settings_from_params(params.to_dict(), mode="eval" if mode == "eval_all" else mode)
     except UserError as exc:
         raise ConfigError(str(exc)) from None
     model_dir = Path(rc.model_dir)

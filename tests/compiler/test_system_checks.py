@@ -203,7 +203,8 @@ def test_settings_from_legacy_params() -> None:
     s = settings_from_params(params, mode="train")
     assert s.precision == "cbfloat16" and s.optimizer.type == "adamw"
     assert s.optimizer.hyperparameters == {"weight_decay": 0.01, "betas": [0.9, 0.98], "correct_bias": True,
-                                           "exclude_from_weight_decay": ["LayerNorm", "bias"]}
+                                           "exclude_from_weight_decay": ["LayerNorm", "bias"],
+                                           "eps": 1e-8}  # the type's own keys always: its default eps is written
     assert s.loss_scaling.factor == "dynamic" and s.max_gradient_norm == 1.0
     assert s.learning_rate[0]["scheduler"] == "Linear"
     with pytest.raises(UnsupportedOptimizer, match="lbfgs"):
