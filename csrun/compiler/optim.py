@@ -33,11 +33,15 @@ _PARAMS_KEYS = table.HYPERPARAMETER_KEYS | {
 def legacy_type_of(optimizer: torch.optim.Optimizer) -> str | None:
     """The legacy type of a torch optimizer object, or None when the system has none.
 
-    torch.optim classes map by :data:`csrun.program.optimizers.TORCH_CLASSES`; a custom class counts
-    when its name (or a base class's) is a legacy type (e.g. a user ``Lamb``): the device runs its own
-    implementation.
+    torch.optim classes map by :data:`csrun.program.optimizers.TORCH_CLASSES`; a class that declares
+    a ``legacy_type`` attribute (the engine's own, which the runner builds) is that type; a custom
+    class counts when its name (or a base class's) is a legacy type (e.g. a user ``Lamb``): the
+    device runs its own implementation.
     """
     for klass in type(optimizer).__mro__:
+        declared = klass.__dict__.get("legacy_type")
+        if isinstance(declared, str) and declared in table.OPTIMIZERS:
+            return declared  # the engine's own classes (e.g. AdamW without bias correction)
         if klass.__module__.startswith("torch.optim"):
             if klass.__name__ in table.TORCH_CLASSES:
                 return table.TORCH_CLASSES[klass.__name__]
@@ -98,7 +102,7 @@ def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.
     groups = optimizer.param_groups
     if kind == "adam" and groups[0].get("decoupled_weight_decay"):
         kind = "adamw"
-    base = _hyperparameters(groups[0])
+    base = {**_hyperparameters(groups[0]), **getattr(type(optimizer), "legacy_hyperparameters", {})}
     param_groups: list[dict[str, Any]] = []
     if len(groups) > 1:
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}

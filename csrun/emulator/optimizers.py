@@ -84,6 +84,9 @@ class Lamb(_AdamMoments):
     is 0, or always 1 when ``adam``); ``p -= lr * r * u``. State is zero-initialised eagerly.
     """
 
+    legacy_type = "lamb"
+    """The legacy type the compiler reads off this class (:func:`csrun.compiler.optim.legacy_type_of`)."""
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -115,6 +118,11 @@ class AdamWNoBiasCorrection(_AdamMoments):
     """AdamW without bias correction (the model zoo's ``correct_bias: false``, the BERT/HF form):
     ``m = b1 m + (1-b1) g``; ``v = b2 v + (1-b2) g^2``; ``p -= lr * m / (sqrt(v) + eps)``;
     then ``p -= lr * wd * p`` (decoupled decay). State is zero-initialised eagerly."""
+
+    legacy_type = "adamw"
+    """The legacy type the compiler reads off this class (the runner builds it for ``correct_bias: false``)."""
+    legacy_hyperparameters = {"correct_bias": False}
+    """What the spec needs besides the param group to rebuild this class."""
 
     def __init__(
         self,

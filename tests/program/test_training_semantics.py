@@ -36,6 +36,7 @@ from csrun.program import optimizers as table
 from csrun.run.params import OptimizerConfig, params_from_dict
 from csrun.run.summaries import write_params
 from tests.conftest import REPO
+from tests.run.conftest import DEBUG_YAML, _one_thread, fc_mnist  # noqa: F401  (fixtures)
 
 BASE = yaml.safe_load((REPO / "configs" / "fc_mnist_debug.yaml").read_text())
 BASE["model"] = {"mixed_precision": False}  # the generic sections (fc_mnist's own keys belong to its run.py)
@@ -86,7 +87,7 @@ def test_params_yaml_spec_and_engine_agree(kind: str, extra: dict, tmp_path: Pat
     eps = table.default_eps(kind, correct_bias=extra.get("correct_bias", True))
     assert written["eps"] == eps, f"{kind}: params_train.yaml eps {written['eps']} is not the type's {eps}"
     if eps is not None:
-        assert hp["eps"] == group["eps"] == eps, f"{kind}: yaml eps {eps}, spec {hp.get('eps')}, engine {group['eps']}"
+        assert (hp.get("eps"), group["eps"]) == (eps, eps), f"{kind}: yaml eps {eps}, spec {hp.get('eps')}, engine {group['eps']}"
     for key in table.OPTIMIZERS[kind].update_keys:
         if key in ("beta1", "beta2"):
             assert (written["beta1"], written["beta2"]) == tuple(hp["betas"]) == tuple(group["betas"]), kind
@@ -99,6 +100,48 @@ def test_params_yaml_spec_and_engine_agree(kind: str, extra: dict, tmp_path: Pat
             assert written[key] == hp[name] == engine_value, f"{kind}.{key}: yaml {written[key]}, spec {hp[name]}, engine {engine_value}"
     if "weight_decay" in group:  # torch's AdamW default is 0.01: the params' 0.0 must win
         assert group["weight_decay"] == written["weight_decay_rate"], f"{kind}: weight decay drifted"
+
+
+@pytest.mark.parametrize("section", [
+    {"optimizer_type": "lamb", "loss_scaling_factor": "dynamic"},  # ran eps 1e-6 under a yaml saying 1e-8
+    {"optimizer_type": "adamw", "weight_decay_rate": 0.0},  # ran torch's weight_decay 0.01 under a yaml saying 0.0
+    {"optimizer_type": "adamw", "correct_bias": False},  # ran eps 1e-6 under a yaml saying 1e-8
+], ids=["lamb", "adamw", "adamw-nobias"])
+def test_a_run_writes_what_its_engine_runs(section: dict, fc_mnist: Any, tmp_path: Path,  # noqa: F811
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """fc_mnist for one step on the embedded device: params_train.yaml, the compile dir's spec.json
+    and the engine's optimizer and scaler say the same."""
+    engines: list[Engine] = []
+    build = Engine.__init__
+
+    def recording(self: Engine, *args: Any, **kwargs: Any) -> None:
+        build(self, *args, **kwargs)
+        engines.append(self)
+
+    monkeypatch.setattr(Engine, "__init__", recording)
+    doc = yaml.safe_load(DEBUG_YAML.read_text())
+    doc["runconfig"].update(max_steps=1, checkpoint_steps=0, log_steps=1, save_losses=False)
+    doc["optimizer"] = {"learning_rate": 0.01, **section}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    model_dir = tmp_path / "md"
+    assert fc_mnist("-p", str(tmp_path / "p.yaml"), "-m", "train", "-o", str(model_dir), "--cs_ip", "embedded") == 0
+    written = yaml.safe_load((model_dir / "train" / "params_train.yaml").read_text())["optimizer"]
+    [spec_json] = model_dir.glob("cs_*/spec.json")
+    spec = ProgramSpec.from_json(spec_json.read_text())
+    [engine] = engines
+    assert engine.optimizer is not None and spec.optimizer is not None
+    group, hp = engine.optimizer.param_groups[0], spec.optimizer.hyperparameters
+    kind = section["optimizer_type"]
+    eps = table.default_eps(kind, correct_bias=section.get("correct_bias", True))
+    assert (written["eps"], hp.get("eps"), group["eps"]) == (eps, eps, eps), "eps: yaml, spec.json, engine"
+    assert (written["weight_decay_rate"], hp.get("weight_decay"), group["weight_decay"]) == (0.0, 0.0, 0.0), \
+        "weight decay: yaml, spec.json, engine"
+    assert (written["beta1"], written["beta2"]) == tuple(hp.get("betas", ())) == tuple(group["betas"])
+    ls, scaler = spec.loss_scaling, engine.scaler
+    assert scaler is not None
+    assert (written["initial_loss_scale"], written["min_loss_scale"], written["max_loss_scale"]) \
+        == (ls.initial_loss_scale, ls.min_loss_scale, ls.max_loss_scale) \
+        == (scaling_table.INITIAL_LOSS_SCALE, scaler.min_scale, scaler.max_scale)
 
 
 def test_an_explicit_eps_reaches_the_engine(tmp_path: Path) -> None:
@@ -209,3 +252,17 @@ def test_the_table_matches_torch() -> None:
                 assert default == entry.eps, f"{kind}: the table's eps {entry.eps}, torch's {default}"
             elif key != "weight_decay":
                 assert (list(default) if isinstance(default, tuple) else default) == value, f"{kind}.{key}"
+
+
+def test_the_engines_own_classes_compile_as_their_type() -> None:
+    """The runner builds AdamWNoBiasCorrection for ``correct_bias: false``: the compiler must accept it
+    (it refused it as 'not one the system has') and rebuild the same class from its spec."""
+    from csrun.compiler.optim import optimizer_spec_from_torch
+    from csrun.emulator.optimizers import Lamb, build_optimizer
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    for made, kind in ((AdamWNoBiasCorrection([weight]), "adamw"), (Lamb([weight]), "lamb")):
+        spec = optimizer_spec_from_torch(made)
+        assert spec.type == kind
+        rebuilt = build_optimizer(spec.type, dict(spec.hyperparameters), [("w", weight)], lr=0.1)
+        assert type(rebuilt) is type(made) and rebuilt.param_groups[0]["eps"] == made.param_groups[0]["eps"]
