@@ -12,8 +12,8 @@ Entry points (import from here):
   :func:`check_dataloader`;
 - :class:`WaferSpec`, :data:`WSE2`; the errors in :mod:`csrun.compiler.errors`.
 
-Attributes load lazily, so ``import csrun.compiler.spec`` (the emulator's contract) does not
-import torch's exporter.
+The program spec lives in :mod:`csrun.program.spec` (``csrun.compiler.spec`` re-exports it).
+Attributes load lazily, so importing one module does not import torch's exporter.
 """
 
 from importlib import import_module

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from csrun.address import Address, parse_address
-from csrun.compiler.spec import ProgramSpec
 from csrun.emulator import wire
 from csrun.emulator.connect import open_link
 from csrun.emulator.device import Device
@@ -31,6 +30,7 @@ from csrun.emulator.keepalive import PING, KeepAlive
 from csrun.emulator.program import save_program
 from csrun.emulator.tls import ClientTLS, client_tls_from_env
 from csrun.errors import UserError
+from csrun.program.spec import ProgramSpec
 
 LOST_WAIT = 1.0
 """Seconds a failed send waits for the reader to learn why the link ended (the server's last word)."""

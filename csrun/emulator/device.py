@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from csrun.compiler.spec import ProgramSpec
 from csrun.emulator.handles import StepHandle
+from csrun.program.spec import ProgramSpec
 
 
 class Device(abc.ABC):

@@ -20,12 +20,12 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from csrun.compiler.spec import ProgramSpec
 from csrun.emulator.device import Device
 from csrun.emulator.engine import Engine, parse_device
 from csrun.emulator.errors import DeviceError, StepFailed
 from csrun.emulator.handles import StepHandle
 from csrun.errors import UserError
+from csrun.program.spec import ProgramSpec
 
 log = logging.getLogger("csrun.emulator")
 T = TypeVar("T")

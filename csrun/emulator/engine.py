@@ -1,7 +1,7 @@
 """The engine: executes a captured program with weights, optimizer and scaler state resident.
 
 One :class:`Engine` holds one program (a ``torch.export`` ExportedProgram of forward+loss) and
-its :class:`~csrun.compiler.spec.ProgramSpec`. A training step runs the captured graph (not the
+its :class:`~csrun.program.spec.ProgramSpec`. A training step runs the captured graph (not the
 user's Python: side effects in the step happened once, at capture), backward through autograd,
 unscale/overflow check, clipping, the optimizer update with the learning rate the schedule gives
 for the global step, and the loss-scale update. All state lives on the engine's device.
@@ -20,7 +20,6 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from csrun.compiler.spec import ProgramSpec
 from csrun.emulator import (
     half_emulation,
     loss_scaling,
@@ -35,6 +34,7 @@ from csrun.program.loss_scaling import (
     MIN_LOSS_SCALE,
     STEPS_PER_INCREASE,
 )
+from csrun.program.spec import ProgramSpec
 
 log = logging.getLogger("csrun.emulator")
 

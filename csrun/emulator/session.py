@@ -21,13 +21,13 @@ from typing import Any, Callable
 
 import torch
 
-from csrun.compiler.spec import ProgramSpec
 from csrun.emulator import wire
 from csrun.emulator.embedded import EmbeddedDevice
 from csrun.emulator.errors import DeviceError, ProtocolError, StepFailed
 from csrun.emulator.guard import WatchedSocket, cut
 from csrun.emulator.program import load_program
 from csrun.errors import UserError
+from csrun.program.spec import ProgramSpec
 
 log = logging.getLogger("csrun.emulator.server")
 
