@@ -1,7 +1,7 @@
 """Optimizer specs: from a torch.optim object or from the legacy params ``optimizer:`` section.
 
 The device runs its own implementation of each legacy optimizer type, built from the
-:class:`~csrun.compiler.spec.OptimizerSpec`; the user's optimizer object only tells which type
+:class:`~csrun.program.spec.OptimizerSpec`; the user's optimizer object only tells which type
 and which hyperparameters. :func:`state_slots` says how many parameter-sized state tensors
 each type keeps (for the wafer memory budget).
 """
