@@ -5,6 +5,7 @@
     scaler = cbtorch.amp.GradScaler(loss_scale="dynamic")   # or a number: a static scale
     ...
     scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)                               # optional: to clip before step
     scaler.step(optimizer)
     scaler.update()
     state = scaler.state_dict(); scaler.load_state_dict(state)
@@ -74,6 +75,8 @@ class GradScaler:
         self._torch = torch.amp.GradScaler("cpu", init_scale=float(init_scale), growth_interval=int(steps_per_increase),
                                            enabled=enabled and dynamic)
         self._skipped = 0
+        self._unscaled: set[int] = set()
+        """Optimizers whose gradients :meth:`unscale_` divided in this step (static scale)."""
 
     # -- the loop's calls ----------------------------------------------------------------------
 
@@ -85,15 +88,30 @@ class GradScaler:
             return loss * self.static_scale
         return self._torch.scale(loss)
 
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the optimizer's gradients by the scale now (to clip them before :meth:`step`,
+        which then does not divide again); on the device it does nothing (the device unscales)."""
+        if not self.enabled or _on_device():
+            return
+        if self.static_scale is None:
+            self._torch.unscale_(optimizer)
+            return
+        if id(optimizer) not in self._unscaled:
+            for g in optimizer.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.div_(self.static_scale)
+            self._unscaled.add(id(optimizer))
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale the gradients and step, unless one is inf/NaN (then the step is skipped)."""
         if not self.enabled or _on_device():
             optimizer.step()
             return
         if self.static_scale is not None:
+            self.unscale_(optimizer)
+            self._unscaled.discard(id(optimizer))
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            for grad in grads:
-                grad.div_(self.static_scale)
             if all(bool(torch.isfinite(grad).all()) for grad in grads):
                 optimizer.step()
             else:

@@ -65,7 +65,7 @@ def state() -> State:
 
 def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate_only: bool = False,
                settings: CompileSettings | None = None, model_dir: str | None = None, compile_dir: str | None = None,
-               device: str = "cpu", queue_depth: int = 2, backend: Backend | None = None) -> State:
+               device: str = "cpu", queue_depth: int = 2, backend: Backend | None = None, cpu: bool = False) -> State:
     """Set up this task: its role from the launcher's environment and, on the chief, the path.
 
     The path (device or CPU) follows the table in :mod:`csrun.driver.run_path`, from the
@@ -75,13 +75,15 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
     path the chief asks the registered device backend factory for its backend (see
     :mod:`csrun.torch.backend`); otherwise it runs eagerly on the CPU, applying the device's
     training semantics when ``settings`` (a :class:`~csrun.compiler.CompileSettings`) are
-    given. ``model_dir``/``compile_dir`` say where compiles go; ``device`` is the embedded
+    given. ``cpu=True`` forces eager CPU over ``CS_IP`` and the launcher (run.py's ``--cpu``,
+    ``cstorch.backend("CPU")``). ``model_dir``/``compile_dir`` say where compiles go; ``device`` is the embedded
     emulator's torch device; ``queue_depth`` how many steps the chief may run ahead.
     ``backend`` installs a backend directly (tests, tools).
     """
     st = state()
     try:
-        path = decide(RunFlags(cs_ip=cs_ip, compile_only=compile_only, validate_only=validate_only), st.info)
+        path = decide(RunFlags(cs_ip=cs_ip, cpu=cpu, compile_only=compile_only, validate_only=validate_only),
+                      st.info)
     except RunPathError as exc:
         raise InitializeError(str(exc)) from None
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
