@@ -1,0 +1,117 @@
+"""``cstorch.amp``: loss scaling, the optimizer step with clipping, and the half dtype.
+
+:class:`GradScaler` is cbtorch's (:class:`csrun.torch.amp.GradScaler`: ``loss_scale``
+``"dynamic"`` or a number, ``init_scale``, ``steps_per_increase``, ``min_loss_scale``,
+``max_loss_scale``; ``scale`` / ``unscale_`` / ``step`` / ``update`` / ``state_dict`` /
+``load_state_dict``). On the CPU it scales as torch's ``GradScaler`` does (dynamic: torch's own
+runs: an overflow skips the update and halves the scale); on the device the device's loss
+scaler does the same with the scaler's settings, which building one hands to the compile
+(the last scaler built is the run's).
+
+:func:`optimizer_step` is the 2.x training step's tail::
+
+    cstorch.amp.optimizer_step(loss, optimizer, grad_scaler, max_gradient_norm=1.0)
+
+backward (scaled when a scaler is given), unscale, clip the global norm
+(``max_gradient_norm``) or each element (``max_gradient_value``) with the device's own
+clipping (:func:`csrun.emulator.loss_scaling.clip_gradients`), the optimizer step (skipped on
+an overflow), the scaler's update, then ``optimizer.zero_grad()``: as on the device, one step's
+gradients never reach the next (a loop that zeroes them too is unchanged). On the device the
+clipping goes into the program.
+
+:func:`set_half_dtype` picks the device's 16-bit compute type (``torch.float16``;
+``torch.bfloat16`` or ``"cbfloat16"`` run as cbfloat16; ``torch.float32`` / None: float32,
+the default). Call it before the first step; the CPU backend computes in float32 regardless.
+:func:`get_half_dtype` says which is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from csrun.compiler.spec import LossScalingSpec
+from csrun.emulator.loss_scaling import check_clipping, clip_gradients
+from csrun.errors import UserError
+from csrun.program.loss_scaling import INITIAL_LOSS_SCALE, MAX_LOSS_SCALE, MIN_LOSS_SCALE, STEPS_PER_INCREASE
+from csrun.pytorch.backend import HalfDtype, training_settings, update_settings
+from csrun.torch import amp as cbtorch_amp
+
+
+class AmpError(UserError):
+    """An amp argument csrun cannot use."""
+
+
+class GradScaler(cbtorch_amp.GradScaler):
+    """cbtorch's loss scaler whose settings become the device's (see the module manual)."""
+
+    def __init__(self, loss_scale: str | float = "dynamic", init_scale: float = INITIAL_LOSS_SCALE,
+                 steps_per_increase: int = STEPS_PER_INCREASE, min_loss_scale: float = MIN_LOSS_SCALE,
+                 max_loss_scale: float = MAX_LOSS_SCALE, overflow_tolerance: float = 0.0,
+                 max_gradient_norm: float | None = None) -> None:
+        """``overflow_tolerance`` must be 0 (every overflow skips its step); give clipping to
+        :func:`optimizer_step`, not here."""
+        if overflow_tolerance:
+            raise AmpError(f"GradScaler(overflow_tolerance={overflow_tolerance!r}): the device skips every step "
+                           f"that overflows; leave overflow_tolerance at 0")
+        if max_gradient_norm is not None:
+            raise AmpError("GradScaler(max_gradient_norm=...): give it to cstorch.amp.optimizer_step(..., "
+                           "max_gradient_norm=...)")
+        super().__init__(loss_scale=loss_scale, init_scale=init_scale, steps_per_increase=steps_per_increase,
+                         min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale)
+        factor: float | str = "dynamic" if self.static_scale is None else self.static_scale
+        update_settings(loss_scaling=LossScalingSpec(factor=factor, initial_loss_scale=float(init_scale),
+                                                     steps_per_increase=int(steps_per_increase),
+                                                     min_loss_scale=float(min_loss_scale),
+                                                     max_loss_scale=float(max_loss_scale)))
+
+
+def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_scaler: GradScaler | None = None,
+                   max_gradient_norm: float | None = None, max_gradient_value: float | None = None) -> None:
+    """Backward, unscale, clip, step, update the scaler, zero the gradients (see the module manual)."""
+    if grad_scaler is not None and not isinstance(grad_scaler, cbtorch_amp.GradScaler):
+        raise AmpError(f"optimizer_step(grad_scaler=...) needs a cstorch.amp.GradScaler or None, got "
+                       f"{type(grad_scaler).__name__}")
+    check_clipping(max_gradient_norm, max_gradient_value)
+    settings = training_settings()
+    if (settings.max_gradient_norm, settings.max_gradient_value) != (max_gradient_norm, max_gradient_value):
+        update_settings(max_gradient_norm=max_gradient_norm, max_gradient_value=max_gradient_value)
+    clipping = bool(max_gradient_norm or max_gradient_value)
+    if grad_scaler is not None:
+        grad_scaler.scale(loss).backward()
+        if clipping:
+            grad_scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    if clipping:  # on the device the CPU copies hold no gradients: the program clips
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        with torch.no_grad():
+            clip_gradients(grads, max_norm=max_gradient_norm, max_value=max_gradient_value)
+    if grad_scaler is not None:
+        grad_scaler.step(optimizer)
+        grad_scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad()
+
+
+_HALF: dict[Any, HalfDtype | None] = {torch.float16: "float16", torch.bfloat16: "cbfloat16", "cbfloat16": "cbfloat16",
+                                      "float16": "float16", "bfloat16": "cbfloat16", torch.float32: None, None: None}
+
+
+def set_half_dtype(dtype: Any) -> None:
+    """The device's 16-bit compute type: ``torch.float16``, ``torch.bfloat16`` / ``"cbfloat16"``, or
+    ``torch.float32`` / None for float32 (the default)."""
+    if dtype not in _HALF:
+        raise AmpError(f"set_half_dtype({dtype!r}): give torch.float16, torch.bfloat16 (runs as cbfloat16), "
+                       f"'cbfloat16', or torch.float32 for no half precision")
+    update_settings(half_dtype=_HALF[dtype])
+
+
+def get_half_dtype() -> str:
+    """The compute type the device runs: ``float32``, ``float16`` or ``cbfloat16``."""
+    return training_settings().half_dtype or "float32"
+
+
+__all__ = ["GradScaler", "AmpError", "optimizer_step", "set_half_dtype", "get_half_dtype"]

@@ -1,0 +1,276 @@
+"""``cstorch.backend(...)`` and ``cstorch.compile(model, backend)``: where a 2.x script's steps run.
+
+A :class:`Backend` is the 2.x face of :func:`csrun.torch.initialize`: ``"CSX"`` takes the
+device path (the embedded emulator, or the ``cs_emulator`` at ``cs_ip`` / ``CS_IP``;
+``compile_only`` / ``validate_only`` compile at the first step's end and exit), ``"CPU"`` runs
+eagerly (``initialize(cpu=True)``, even under ``CS_IP`` or ``csrun_wse``). One backend per
+process: creating a second one of another kind is refused. :func:`compile` wraps the model
+with ``cbtorch.module`` (the driver's whole-step capture on the device).
+
+The device's training settings a 2.x script states in Python — the half dtype
+(:func:`csrun.pytorch.amp.set_half_dtype`), the loss scaling (``amp.GradScaler``), clipping
+(``amp.optimizer_step(max_gradient_norm=...)``) and the schedule (``optim.lr_scheduler``) —
+are collected in one :class:`TrainingSettings` (process-wide, so they may be stated before the
+backend exists) and handed to the driver as its :class:`~csrun.compiler.CompileSettings` until
+the first step compiles; a change after that is refused (:class:`SettingsChangedError`): the
+program on the device has them built in. On the CPU nothing is handed over: the eager loop
+applies them itself (:mod:`csrun.pytorch.amp`, :mod:`csrun.pytorch.optim.lr_scheduler`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+
+import csrun.torch as cbtorch
+from csrun.cluster import cluster_info
+from csrun.compiler.settings import CompileSettings
+from csrun.compiler.spec import LossScalingSpec
+from csrun.driver.run_path import RunPath
+from csrun.errors import UserError
+from csrun.torch.device_backend import DeviceBackend
+
+BackendType = Literal["CSX", "CPU"]
+BACKEND_TYPES: tuple[BackendType, ...] = ("CSX", "CPU")
+"""The backend types: the wafer emulator, or eager PyTorch on the CPU."""
+
+HalfDtype = Literal["float16", "cbfloat16"]
+"""The device's 16-bit compute types (``torch.bfloat16`` runs as ``cbfloat16``)."""
+
+
+class BackendError(UserError):
+    """A backend asked for something csrun cannot do, or a step run without one."""
+
+
+class SettingsChangedError(UserError):
+    """A training setting changed after the step was compiled with the old one."""
+
+
+@dataclass(kw_only=True)
+class TrainingSettings:
+    """What the device builds into the program besides the graph (the 2.x script states it in Python)."""
+
+    half_dtype: HalfDtype | None = None
+    """16-bit compute type; None: float32 (``amp.set_half_dtype`` switches mixed precision on)."""
+    loss_scaling: LossScalingSpec = field(default_factory=LossScalingSpec)
+    """From the last ``amp.GradScaler`` built (default: no scaling)."""
+    max_gradient_norm: float | None = None
+    """From ``amp.optimizer_step(max_gradient_norm=...)``."""
+    max_gradient_value: float | None = None
+    """From ``amp.optimizer_step(max_gradient_value=...)``."""
+    learning_rate: Any = 0.0
+    """The legacy schedule of the last ``optim.lr_scheduler`` built (0.0: the optimizer's lr)."""
+
+    def compile_settings(self) -> CompileSettings:
+        """These settings as the compiler takes them (the optimizer comes from the wrapped one)."""
+        return CompileSettings(mixed_precision=self.half_dtype is not None,
+                               use_cbfloat16=self.half_dtype == "cbfloat16", loss_scaling=self.loss_scaling,
+                               max_gradient_norm=self.max_gradient_norm, max_gradient_value=self.max_gradient_value,
+                               learning_rate=self.learning_rate)
+
+
+_settings = TrainingSettings()
+_current: "Backend | None" = None
+
+
+def training_settings() -> TrainingSettings:
+    """The process's training settings (a copy: change them with :func:`update_settings`)."""
+    return replace(_settings)
+
+
+def update_settings(**changes: Any) -> None:
+    """Change training settings (``TrainingSettings`` field names) and hand them to the device."""
+    global _settings
+    new = replace(_settings, **changes)
+    if _current is not None:
+        _current.apply_settings(new)
+    _settings = new
+
+
+class Device:
+    """``backend.device``: the context the model's weights are created under.
+
+    On the system, weights made under it are created lazily on the appliance. Here the CPU
+    copy is the model; the device gets the weights when the first step compiles, so the
+    context only marks where the script means them to live.
+    """
+
+    def __init__(self, backend_type: BackendType) -> None:
+        self.type: BackendType = backend_type
+        """``"CSX"`` or ``"CPU"``."""
+        self.torch_device = torch.device("cpu")
+        """Where the model's tensors are (always the CPU copy)."""
+
+    def __enter__(self) -> "Device":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"cstorch device {self.type}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendOptions:
+    """What ``cstorch.backend(...)`` was told."""
+
+    backend_type: BackendType
+    """``"CSX"`` or ``"CPU"``."""
+    artifact_dir: str | None = None
+    """Where compiles go (``cs_<hash>/`` folders; the cbtorch ``model_dir``)."""
+    compile_dir: str | None = None
+    """One explicit compile folder (overrides ``artifact_dir/cs_<hash>``)."""
+    compile_only: bool = False
+    """Compile at the end of the first step and exit (0: compiled, 1: not)."""
+    validate_only: bool = False
+    """Capture and check at the end of the first step and exit."""
+    cs_ip: str | None = None
+    """``HOST[:PORT]`` of a ``cs_emulator``; None: ``CS_IP``, else the embedded emulator."""
+    emulator_device: str = "cpu"
+    """The embedded emulator's torch device (``cpu``, ``cuda``, ``cuda:<i>``)."""
+    queue_depth: int = 2
+    """Steps the chief may run ahead of the device."""
+
+
+class Backend:
+    """A 2.x backend: the run path, the device context and the compiled model (see the module manual)."""
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+        self.device = Device(options.backend_type)
+        """The context manager the model is built under."""
+        self.model: torch.nn.Module | None = None
+        """The model :func:`compile` wrapped."""
+        csx = options.backend_type == "CSX"
+        cs_ip = options.cs_ip
+        if csx and cs_ip is None and not cluster_info().cs_ip:
+            cs_ip = "embedded"  # "CSX" means the device even under plain python or csrun_cpu
+        self.state = cbtorch.initialize(cs_ip if csx else None, cpu=not csx, compile_only=options.compile_only,
+                                        validate_only=options.validate_only,
+                                        settings=_settings.compile_settings() if csx else None,
+                                        model_dir=options.artifact_dir, compile_dir=options.compile_dir,
+                                        device=options.emulator_device, queue_depth=options.queue_depth)
+
+    @property
+    def backend_type(self) -> BackendType:
+        """``"CSX"`` or ``"CPU"``."""
+        return self.options.backend_type
+
+    @property
+    def is_csx(self) -> bool:
+        """True for the wafer emulator."""
+        return self.options.backend_type == "CSX"
+
+    @property
+    def is_cpu(self) -> bool:
+        """True for eager PyTorch."""
+        return self.options.backend_type == "CPU"
+
+    @property
+    def run_path(self) -> RunPath:
+        """The chief's path (embedded, remote, compile_only, validate_only or cpu)."""
+        return self.state.options.path
+
+    @property
+    def on_device(self) -> bool:
+        """True when this task's steps run on the emulator (the chief on a device path)."""
+        return isinstance(self.state.backend, DeviceBackend)
+
+    def apply_settings(self, settings: TrainingSettings) -> None:
+        """Hand ``settings`` to the driver (refused once the step is compiled with others)."""
+        be = self.state.backend
+        if not isinstance(be, DeviceBackend):
+            return
+        driver = be.driver
+        new = settings.compile_settings()
+        if driver.loaded is not None and driver.options.settings != new:
+            changed = [k for k in TrainingSettings.__dataclass_fields__
+                       if getattr(settings, k) != getattr(_settings, k)]
+            raise SettingsChangedError(f"{', '.join(changed) or 'a training setting'} changed after the step was "
+                                       f"compiled: set it before the first step and keep it for the run")
+        driver.options = replace(driver.options, settings=new)
+
+    def __repr__(self) -> str:
+        return f"cstorch.backend({self.backend_type!r}, path={self.run_path.kind})"
+
+
+def current_backend() -> Backend | None:
+    """The backend this process created (None before ``cstorch.backend`` / ``cstorch.compile``)."""
+    return _current
+
+
+def require_backend(what: str) -> Backend:
+    """The current backend, or a :class:`BackendError` saying ``what`` needs one."""
+    if _current is None:
+        raise BackendError(f"{what} needs a backend: create it first with cstorch.backend('CSX') (or 'CPU'), "
+                           f"or cstorch.compile(model, 'CSX')")
+    return _current
+
+
+def backend(backend_type: str = "CSX", *, artifact_dir: str | None = None, compile_dir: str | None = None,
+            compile_only: bool = False, validate_only: bool = False, cs_ip: str | None = None,
+            device: str = "cpu", queue_depth: int = 2) -> Backend:
+    """Create this process's backend: ``"CSX"`` (the wafer emulator) or ``"CPU"`` (eager).
+
+    ``artifact_dir``: where compiles go; ``compile_dir``: one explicit compile folder;
+    ``compile_only`` / ``validate_only``: compile (or check) at the end of the first step and
+    exit; ``cs_ip``: a ``cs_emulator``'s ``HOST[:PORT]`` (default ``CS_IP``, else embedded);
+    ``device``: the embedded emulator's torch device; ``queue_depth``: steps run ahead.
+    Calling it again with the same arguments returns the same backend.
+    """
+    global _current
+    kind = str(backend_type).upper() if isinstance(backend_type, str) else backend_type
+    if kind not in BACKEND_TYPES:
+        raise BackendError(f"cstorch.backend({backend_type!r}): the backend types are 'CSX' (the wafer emulator) "
+                           f"and 'CPU' (eager PyTorch)")
+    if kind == "CPU" and (compile_only or validate_only):
+        raise BackendError("cstorch.backend('CPU', compile_only/validate_only=True): compiling is for the 'CSX' "
+                           "backend; use cstorch.backend('CSX', compile_only=True)")
+    if kind == "CPU" and cs_ip is not None:
+        raise BackendError(f"cstorch.backend('CPU', cs_ip={cs_ip!r}): a cs_ip is for the 'CSX' backend")
+    options = BackendOptions(backend_type=kind, artifact_dir=artifact_dir, compile_dir=compile_dir,
+                             compile_only=bool(compile_only), validate_only=bool(validate_only), cs_ip=cs_ip,
+                             emulator_device=device, queue_depth=queue_depth)
+    if _current is not None:
+        if _current.options == options:
+            return _current
+        raise BackendError(f"a backend already exists ({_current!r}); a process has one: create it once, "
+                           f"before the model, and pass it to cstorch.compile")
+    _current = Backend(options)
+    return _current
+
+
+def compile(model: torch.nn.Module, backend: Backend | str = "CSX") -> torch.nn.Module:  # noqa: A001 - the 2.x name
+    """The model as the backend runs it (``backend`` may be a type name: ``"CSX"`` / ``"CPU"``).
+
+    On the device its calls in a traced step are captured and compiled with the step; its
+    ``state_dict()`` and parameters show the device's values. One model per backend.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise BackendError(f"cstorch.compile needs a torch.nn.Module, got {type(model).__name__}")
+    be = backend if isinstance(backend, Backend) else _backend_named(backend)
+    if be.model is not None:
+        if be.model is model:
+            return model
+        raise BackendError("cstorch.compile: this backend already runs a model; a run compiles one model")
+    be.model = cbtorch.module(model)
+    return be.model
+
+
+def _backend_named(name: Any) -> Backend:
+    if not isinstance(name, str):
+        raise BackendError(f"cstorch.compile(model, backend): give a cstorch.backend(...) or 'CSX' / 'CPU', "
+                           f"got {type(name).__name__}")
+    if _current is not None and _current.backend_type == name.upper():
+        return _current
+    return backend(name)
+
+
+def reset_for_tests() -> None:
+    """Forget the backend and the training settings (unit tests only; pair with cbtorch's reset)."""
+    global _current, _settings
+    _current = None
+    _settings = TrainingSettings()

@@ -1,0 +1,72 @@
+"""``@cstorch.trace`` / ``@cstorch.compile_step``, ``@cstorch.step_closure``, ``@cstorch.checkpoint_closure``.
+
+A traced step is the function a 2.x loop calls once per batch of a
+:class:`~csrun.pytorch.utils.data.DataExecutor`: zero_grad, the model call(s), the loss,
+backward (or ``cstorch.amp.optimizer_step``), ``optimizer.step()``. On the device it is the
+driver's whole-step capture (:mod:`csrun.driver.step_recording`): recorded on the first batch,
+compiled at that step's end, run by the device from then on and checked against the
+recording on later steps; what it returns are device values, read in step closures. On the
+CPU it runs eagerly. Either way it must run inside the executor's loop, once per batch; an
+argument that is the executor's own ``DataLoader`` stands for the current batch (the slides'
+skeleton calls ``training_step(dataloader)``).
+
+``@step_closure`` is cbtorch's (:func:`csrun.torch.step_closure`): calling the function queues
+it, with its arguments, to run when the step's values are ready. ``@checkpoint_closure``
+queues it the same way but only on the executor's checkpoint steps
+(:attr:`~csrun.pytorch.utils.data.DataExecutor.on_checkpoint_step`); on other steps the call
+does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, TypeVar
+
+from csrun.torch import add_step_closure, step_closure
+from csrun.pytorch.utils.data import ExecutorError, current_executor
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def trace(fn: F) -> F:
+    """Decorator: ``fn`` is the training (or eval) step, run once per batch of the executor's loop."""
+    if not callable(fn):
+        raise ExecutorError(f"cstorch.trace decorates the step function, got {type(fn).__name__}")
+
+    @functools.wraps(fn)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        executor = current_executor()
+        if executor is None:
+            raise ExecutorError(f"{getattr(fn, '__name__', 'the traced step')}() runs inside `for batch in executor:` "
+                                f"(a cstorch.utils.data.DataExecutor)")
+        batch = executor.begin_traced_step()
+        source = executor.dataloader
+        args = tuple(batch if a is source else a for a in args)
+        kwargs = {k: batch if v is source else v for k, v in kwargs.items()}
+        return fn(*args, **kwargs)
+
+    return step  # type: ignore[return-value]
+
+
+compile_step = trace
+"""The 2.x alias of :func:`trace`."""
+
+
+def checkpoint_closure(fn: F) -> F:
+    """Decorator: calling the function queues it as a step closure on checkpoint steps only."""
+    if not callable(fn):
+        raise ExecutorError(f"cstorch.checkpoint_closure decorates a function, got {type(fn).__name__}")
+
+    @functools.wraps(fn)
+    def queue(*args: Any, **kwargs: Any) -> None:
+        executor = current_executor()
+        if executor is None:
+            raise ExecutorError(f"{getattr(fn, '__name__', 'the checkpoint closure')}() is called inside the "
+                                f"executor's loop (it runs on the executor's checkpoint_steps)")
+        if executor.on_checkpoint_step:
+            add_step_closure(fn, args, kwargs)
+
+    return queue  # type: ignore[return-value]
+
+
+__all__ = ["trace", "compile_step", "step_closure", "checkpoint_closure"]
