@@ -5,27 +5,12 @@ import sys
 
 import torch
 import csrun.pytorch as cstorch                                                    # slide (the import line)
+from tiny import Model, get_train_dataloader, write_losses
 
 torch.manual_seed(0)
 BACKEND, OUT = sys.argv[1], sys.argv[2]
 if len(sys.argv) > 3:
     cstorch.backend(BACKEND, cs_ip=sys.argv[3])
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
-
-    def forward(self, x):
-        return torch.log_softmax(self.fc2(torch.relu(self.fc1(x))), dim=-1)
-
-
-def get_train_dataloader():
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(240, 8, generator=g)
-    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, drop_last=True)
 
 
 losses = []
@@ -59,6 +44,4 @@ for inputs, targets in executor:                                                
     loss = training_step(inputs, targets)                                          # slide
     print_loss(loss)                                                               # slide
 
-if cstorch.utils.data.DataLoader is not None and losses:  # the chief records what it saw
-    with open(OUT, "w") as f:
-        f.write("\n".join(repr(v) for v in losses))
+write_losses(OUT, losses)  # only the chief gets here: streamers exit 0 when the chief is done
