@@ -46,14 +46,27 @@ def read_losses(path: Path) -> list[float]:
     return [float(v) for v in path.read_text().split()]
 
 
-def eager_slide_train() -> list[float]:
+def epoch(streamers: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch of the scripts' batches in the order the chief gets them: the loader's own as one
+    task; with S streamers, streamer k's shard is samples k, k+S, ... batched alike, taken round-robin
+    (csrun.torch.sharding's rule)."""
+    if streamers <= 1:
+        return list(tiny.get_train_dataloader())
+    x, y = tiny.dataset().tensors
+    shards = [list(range(k, len(x), streamers)) for k in range(streamers)]
+    per_shard = len(shards[0]) // tiny.BATCH
+    order = [shard[j * tiny.BATCH:(j + 1) * tiny.BATCH] for j in range(per_shard) for shard in shards]
+    return [(x[idx], y[idx]) for idx in order]
+
+
+def eager_slide_train(streamers: int = 0) -> list[float]:
     """slide_train.py's loop in plain eager torch: the losses of its 30 steps."""
     torch.manual_seed(0)
     model = tiny.Model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.NLLLoss()
     losses = []
-    for x, y in tiny.get_train_dataloader():
+    for x, y in epoch(streamers):
         opt.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
@@ -62,7 +75,7 @@ def eager_slide_train() -> list[float]:
     return losses
 
 
-def eager_skeleton(steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def eager_skeleton(steps: int, streamers: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
     """slide_skeleton.py's loop (SGD momentum 0.9, lr 0.05 -> 0.005 linearly over 1000 steps, global
     norm clipped to 1.0) in plain eager torch: losses and the weights after ``steps`` steps."""
     torch.manual_seed(0)
@@ -71,7 +84,7 @@ def eager_skeleton(steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     loss_fn = torch.nn.NLLLoss()
     losses: list[float] = []
     while len(losses) < steps:
-        for x, y in tiny.get_train_dataloader():
+        for x, y in epoch(streamers):
             if len(losses) == steps:
                 break
             for g in opt.param_groups:
