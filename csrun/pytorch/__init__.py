@@ -45,7 +45,7 @@ What each name is (each module's manual has the details):
                                        ``compile_only`` / ``validate_only`` exit after the
                                        first step's compile); ``"CPU"``: eager PyTorch.
                                        ``backend.device`` is a context manager for building
-                                       the model (:mod:`csrun.pytorch.backend`)
+                                       the model (:mod:`csrun.pytorch.backends`)
 :func:`compile`                        the model as the backend runs it (``cbtorch.module``)
 :func:`trace` / :func:`compile_step`   the step, captured whole on the device by the driver
                                        (:mod:`csrun.pytorch.step`)
@@ -78,7 +78,7 @@ of :mod:`csrun.torch` (``CS_IP``, ``CSRUN_EMULATOR_TOKEN``, the launcher's).
 from __future__ import annotations
 
 from csrun.pytorch import amp, optim, utils
-from csrun.pytorch.backend import (
+from csrun.pytorch.backends import (
     Backend,
     BackendError,
     SettingsChangedError,

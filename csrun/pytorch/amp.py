@@ -35,7 +35,7 @@ from csrun.compiler.spec import LossScalingSpec
 from csrun.emulator.loss_scaling import check_clipping, clip_gradients
 from csrun.errors import UserError
 from csrun.program.loss_scaling import INITIAL_LOSS_SCALE, MAX_LOSS_SCALE, MIN_LOSS_SCALE, STEPS_PER_INCREASE
-from csrun.pytorch.backend import HalfDtype, training_settings, update_settings
+from csrun.pytorch.backends import HalfDtype, training_settings, update_settings
 from csrun.torch import amp as cbtorch_amp
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from csrun.emulator.server import EmulatorServer
-from csrun.pytorch import backend as cstorch_backend
+from csrun.pytorch import backends as cstorch_backend
 from csrun.torch import backend as backend_mod
 from csrun.torch import state as state_mod
 from csrun.torch.device_backend import make_device_backend

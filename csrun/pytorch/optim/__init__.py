@@ -28,7 +28,7 @@ from csrun.emulator import optimizers as engine_optimizers
 from csrun.errors import UserError
 from csrun.program.optimizers import OPTIMIZERS
 from csrun.program.optimizers import Optimizer as OptimizerEntry
-from csrun.pytorch.backend import require_backend
+from csrun.pytorch.backends import require_backend
 from csrun.pytorch.optim import lr_scheduler
 from csrun.pytorch.optim.lr_scheduler import LRScheduler
 

@@ -8,7 +8,7 @@ function the engine runs) and the learning rate of the next optimizer step is
 never calls it gets the same rates); ``get_last_lr()`` is the rate of the next step.
 
 * **On the device** the schedule goes into the compiled program (the process's
-  :class:`~csrun.pytorch.backend.TrainingSettings`); the last scheduler built wins.
+  :class:`~csrun.pytorch.backends.TrainingSettings`); the last scheduler built wins.
 * **On the CPU** a step pre-hook on the optimizer sets each group's ``lr`` before every step.
 
 ``state_dict()`` is ``{"global_step": N}``, the runner's ``lr_scheduler`` checkpoint entry;
@@ -33,7 +33,7 @@ import torch
 import csrun.torch as cbtorch
 from csrun.emulator.schedules import Schedule, build_schedule
 from csrun.errors import UserError
-from csrun.pytorch.backend import current_backend, update_settings
+from csrun.pytorch.backends import current_backend, update_settings
 
 _ATTACHED = "_cstorch_lr_scheduler"
 

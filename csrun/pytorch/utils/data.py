@@ -33,7 +33,7 @@ import torch
 
 import csrun.torch as cbtorch
 from csrun.errors import UserError
-from csrun.pytorch.backend import require_backend
+from csrun.pytorch.backends import require_backend
 from csrun.pytorch.utils.config import CSConfig
 
 
