@@ -18,7 +18,8 @@ the next epochs). ``checkpoint_steps``: every so many steps, and at the last ste
 :attr:`DataExecutor.on_checkpoint_step` is True and ``@cstorch.checkpoint_closure`` runs.
 ``cs_config``: a :class:`~csrun.pytorch.utils.CSConfig`, checked against the job when the
 loop starts. :attr:`DataExecutor.step` is the 1-based number of the current step. A loop
-left with ``break`` ends the run as if it were done (the last step's closures run).
+left with ``break`` after a whole step ends the run as if it were done (the last step's
+closures run); left mid-step (an error in the loop's body) it ends as a failed session.
 The session's mode follows the compiled model: ``model.eval()`` before the loop makes it an
 eval run (forward only).
 
@@ -155,9 +156,12 @@ class DataExecutor:
         _running = self
         try:
             yield from self._steps(loader, total)
-        except GeneratorExit:  # the loop was left with break: the run ends as if done
+        except GeneratorExit:  # the loop was left (break, or an error in its body): end the run
             _running = None
-            session.__exit__(None, None, None)
+            try:
+                session.__exit__(None, None, None)  # a break after a whole step: as if done
+            except Exception as exc:  # noqa: BLE001 - left mid-step: the loop's own error is on its way
+                session.__exit__(type(exc), exc, exc.__traceback__)
             return
         except BaseException as exc:
             _running = None

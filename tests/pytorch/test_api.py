@@ -1,0 +1,270 @@
+"""csrun.pytorch in-process: what each name does, and the one-line refusals for what csrun cannot do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import csrun.pytorch as cstorch
+from csrun.compiler.optim import legacy_type_of
+from csrun.emulator.schedules import build_schedule
+from csrun.errors import UserError
+from csrun.program.optimizers import OPTIMIZERS
+from csrun.pytorch.utils.config import CSConfigError
+from csrun.pytorch.utils.data import ExecutorError
+from csrun.torch.saving import CheckpointFileError
+from tests.pytorch.scripts import tiny
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("fresh")]
+
+
+def loader(samples: int = 80) -> cstorch.utils.data.DataLoader:
+    x, y = tiny.dataset().tensors
+    ds = torch.utils.data.TensorDataset(x[:samples], y[:samples])
+    return cstorch.utils.data.DataLoader(torch.utils.data.DataLoader, ds, batch_size=8, drop_last=True)
+
+
+def train(backend: Any, executor: cstorch.utils.data.DataExecutor, *, norm: Any = None,
+          on_step: Any = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A small 2.x loop; ``norm(step)`` gives optimizer_step's max_gradient_norm."""
+    torch.manual_seed(0)
+    with backend.device:
+        model = tiny.Model()
+    compiled = cstorch.compile(model, backend)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.nll_loss(compiled(x), y)
+        cstorch.amp.optimizer_step(loss, opt, max_gradient_norm=norm(executor.step) if norm else None)
+        return loss
+
+    for x, y in executor:
+        step(x, y)
+        if on_step is not None:
+            on_step(executor)
+    return model, opt
+
+
+def one_line(exc: pytest.ExceptionInfo[BaseException], *words: str) -> None:
+    text = str(exc.value)
+    assert "\n" not in text and isinstance(exc.value, UserError), text
+    for word in words:
+        assert word in text, text
+
+
+def test_backend_refusals() -> None:
+    with pytest.raises(UserError) as exc:
+        cstorch.backend("GPU")
+    one_line(exc, "'GPU'", "'CSX'", "'CPU'")
+    with pytest.raises(UserError) as exc:
+        cstorch.backend("CPU", compile_only=True)
+    one_line(exc, "compile_only", "cstorch.backend('CSX', compile_only=True)")
+    first = cstorch.backend("CPU")
+    assert cstorch.backend("cpu") is first and cstorch.current_backend() is first and first.is_cpu
+    with pytest.raises(UserError) as exc:
+        cstorch.backend("CSX")
+    one_line(exc, "already exists")
+    with pytest.raises(UserError) as exc:
+        cstorch.compile("not a model", first)  # type: ignore[arg-type]
+    one_line(exc, "torch.nn.Module", "str")
+
+
+def test_optimizers_are_the_tables() -> None:
+    cstorch.backend("CPU")
+    assert set(cstorch.optim.OPTIMIZER_CLASSES) == set(OPTIMIZERS)
+    params = [torch.nn.Parameter(torch.ones(2))]
+    for name, cls in cstorch.optim.OPTIMIZER_CLASSES.items():
+        assert getattr(cstorch.optim, cls.__name__) is cls and issubclass(cls, cstorch.optim.Optimizer)
+        assert legacy_type_of(cls(params, lr=0.01)) == name  # the compiler reads each as its type
+    opt = cstorch.optim.configure_optimizer("AdamW", [("w", params[0])], learning_rate=0.01, beta1=0.8,
+                                            correct_bias=False)
+    assert legacy_type_of(opt) == "adamw" and opt.param_groups[0]["betas"][0] == 0.8
+    with pytest.raises(UserError) as exc:
+        cstorch.optim.configure_optimizer("sgd", params, learning_rate={"scheduler": "Constant"})
+    one_line(exc, "configure_lr_scheduler")
+    with pytest.raises(UserError) as exc:
+        cstorch.optim.configure_optimizer("sgdd", params, learning_rate=0.1)
+    one_line(exc, "'sgdd'")
+
+
+def test_an_optimizer_needs_a_backend() -> None:
+    with pytest.raises(UserError) as exc:
+        cstorch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    one_line(exc, "cstorch.backend('CSX')")
+
+
+@pytest.mark.parametrize("backend_type", ["CPU", "CSX"])
+def test_lr_schedulers_follow_the_global_step(backend_type: str, tmp_path: Path) -> None:
+    backend = cstorch.backend(backend_type, artifact_dir=str(tmp_path))
+    torch.manual_seed(0)
+    model = cstorch.compile(tiny.Model(), backend)
+    opt = cstorch.optim.SGD(model.parameters(), lr=1.0)
+    with pytest.raises(UserError) as exc:
+        cstorch.optim.lr_scheduler.SequentialLR(opt, [cstorch.optim.lr_scheduler.LinearLR(opt, 0.1, 0.2, 5),
+                                                      cstorch.optim.lr_scheduler.ConstantLR(opt, 0.1)], [4])
+    one_line(exc, "runs 5 steps", "segment is 4")
+    sched = cstorch.optim.lr_scheduler.SequentialLR(opt, [
+        cstorch.optim.lr_scheduler.LinearLR(opt, 0.1, 0.2, total_iters=4),
+        cstorch.optim.lr_scheduler.StepLR(opt, 0.3, step_size=2, gamma=0.5)], milestones=[4])
+    expected = build_schedule([{"scheduler": "Linear", "initial_learning_rate": 0.1, "end_learning_rate": 0.2,
+                                "steps": 4, "cycle": False},
+                               {"scheduler": "Step", "learning_rate": 0.3, "step_size": 2, "gamma": 0.5}])
+    seen: list[float] = []
+    twin = tiny.Model()
+    twin.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
+
+    @cstorch.trace
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.nll_loss(model(x), y)
+        cstorch.amp.optimizer_step(loss, opt)
+        sched.step()
+        return loss
+
+    for x, y in cstorch.utils.data.DataExecutor(loader()):
+        seen.append(sched.get_last_lr()[0])  # the rate of this step
+        step(x, y)
+    for k, (x, y) in enumerate(loader().streaming().shard_loader):  # plain SGD at the expected rates
+        torch.nn.functional.nll_loss(twin(x), y).backward()
+        with torch.no_grad():
+            for p in twin.parameters():
+                p -= expected(k) * p.grad
+                p.grad = None
+    assert seen == [expected(k) for k in range(10)]
+    assert sched.state_dict() == {"global_step": 10}
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):  # the device ran the same rates
+        assert torch.allclose(p, q, atol=1e-6, rtol=0), name
+    if backend_type == "CSX":
+        [spec] = tmp_path.glob("cs_*/spec.json")
+        assert json.loads(spec.read_text())["learning_rate"][1]["scheduler"] == "Step"
+
+
+def test_checkpoint_closure_runs_at_exactly_the_checkpoint_steps() -> None:
+    backend = cstorch.backend("CPU")
+    ran: list[int] = []
+
+    @cstorch.checkpoint_closure
+    def checkpoint(step: int) -> None:
+        ran.append(step)
+
+    executor = cstorch.utils.data.DataExecutor(loader(), num_steps=14, checkpoint_steps=4)
+    train(backend, executor, on_step=lambda ex: checkpoint(ex.step))
+    assert ran == [4, 8, 12, 14] and executor.step == 14  # 14 steps: more than the loader's 10, then the last
+    with pytest.raises(UserError) as exc:
+        checkpoint(1)
+    one_line(exc, "inside the executor's loop")
+
+
+def test_cs_config_refusals() -> None:
+    cstorch.backend("CPU")
+    with pytest.raises(CSConfigError) as exc:
+        cstorch.utils.data.DataExecutor(loader(), cs_config=cstorch.utils.CSConfig(num_csx=16))
+    one_line(exc, "num_csx=16", "one system", "num_csx=1")
+    with pytest.raises(CSConfigError) as exc:
+        cstorch.utils.CSConfig(mgmt_address="10.0.0.1:443").check()
+    one_line(exc, "mgmt_address='10.0.0.1:443'", "--cs_ip")
+    with pytest.raises(CSConfigError) as exc:
+        cstorch.utils.CSConfig(python_paths=["/x"]).check()
+    one_line(exc, "PYTHONPATH")
+    executor = cstorch.utils.data.DataExecutor(loader(), cs_config=cstorch.utils.CSConfig(num_workers_per_csx=2))
+    with pytest.raises(CSConfigError) as exc:
+        next(iter(executor))
+    one_line(exc, "num_workers_per_csx=2", "0 streamer", "--total-nodes 3")
+
+
+def test_steps_outside_the_loop_and_twice_per_batch_are_refused() -> None:
+    backend = cstorch.backend("CPU")
+    model = cstorch.compile(tiny.Model(), backend)
+
+    @cstorch.trace
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return model(x).sum()
+
+    with pytest.raises(ExecutorError) as exc:
+        step(torch.ones(8, 8))
+    one_line(exc, "step() runs inside `for batch in executor:`")
+    with pytest.raises(ExecutorError) as exc:
+        iter(loader()).__next__()
+    one_line(exc, "DataExecutor")
+    with pytest.raises(ExecutorError) as exc:
+        for x, _ in cstorch.utils.data.DataExecutor(loader()):
+            step(x)
+            step(x)
+    one_line(exc, "twice in step 1")
+    bad = cstorch.utils.data.DataLoader(lambda: [1, 2])
+    with pytest.raises(ExecutorError) as exc:
+        len(bad)
+    one_line(exc, "returned list", "torch.utils.data.DataLoader")
+
+
+def test_a_setting_changed_after_the_compile_is_refused(tmp_path: Path) -> None:
+    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path))
+    with pytest.raises(UserError) as exc:
+        train(backend, cstorch.utils.data.DataExecutor(loader()), norm=lambda step: 1.0 if step < 3 else 2.0)
+    one_line(exc, "max_gradient_norm changed after the step was compiled")
+
+
+def test_half_dtype_reaches_the_compile_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as exc:
+        cstorch.amp.set_half_dtype(torch.int8)
+    one_line(exc, "torch.int8", "torch.float16")
+    cstorch.amp.set_half_dtype(torch.bfloat16)
+    assert cstorch.amp.get_half_dtype() == "cbfloat16"
+    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path))
+    train(backend, cstorch.utils.data.DataExecutor(loader(16)))
+    [spec] = tmp_path.glob("cs_*/spec.json")
+    assert json.loads(spec.read_text())["precision"] == "cbfloat16"
+
+
+@pytest.mark.parametrize("flag", ["compile_only", "validate_only"])
+def test_compile_only_and_validate_only_stop_after_the_first_step(flag: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path), **{flag: True})
+    with pytest.raises(SystemExit) as exc:
+        train(backend, cstorch.utils.data.DataExecutor(loader()))
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert ("Compile for training completed successfully!" in out) == (flag == "compile_only")
+    assert bool(list(tmp_path.glob("cs_*/spec.json"))) == (flag == "compile_only")
+
+
+def test_break_ends_the_run_and_its_last_closures_run(tmp_path: Path) -> None:
+    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path))
+    losses: list[float] = []
+
+    @cstorch.step_closure
+    def keep(loss: torch.Tensor) -> None:
+        losses.append(loss.item())
+
+    model = cstorch.compile(tiny.Model(), backend)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.compile_step
+    def step(batch: Any) -> torch.Tensor:
+        loss = torch.nn.functional.nll_loss(model(batch[0]), batch[1])
+        cstorch.amp.optimizer_step(loss, opt)
+        return loss
+
+    dataloader = loader()
+    executor = cstorch.utils.data.DataExecutor(dataloader)
+    for i, _ in enumerate(executor):
+        keep(step(dataloader))  # the skeleton's form: the executor's DataLoader stands for the batch
+        if i == 2:
+            break
+    assert len(losses) == 3 and cstorch.current_executor() is None
+    assert torch.isfinite(model.fc1.weight).all()  # the device's weights after three steps
+
+
+def test_save_and_load_share_the_runners_layout(tmp_path: Path) -> None:
+    cstorch.save({"model": {"w": torch.ones(2)}, "grad_scaler": {"scale": 8.0}, "global_step": 3}, tmp_path / "a.mdl")
+    assert torch.load(tmp_path / "a.mdl", weights_only=True)["amp"] == {"scale": 8.0}  # what the runner reads
+    torch.save({"model": {}, "amp": {"scale": 4.0}}, tmp_path / "b.mdl")
+    assert cstorch.load(tmp_path / "b.mdl")["grad_scaler"] == {"scale": 4.0}
+    torch.save({"model": torch.nn.Linear(1, 1)}, tmp_path / "code.mdl")  # a pickled object: never unpickled
+    with pytest.raises(CheckpointFileError) as exc:
+        cstorch.load(tmp_path / "code.mdl")
+    one_line(exc, "code.mdl", "not a weights-only checkpoint")
