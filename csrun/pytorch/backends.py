@@ -140,11 +140,17 @@ class Backend:
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
+        self.backend_type: BackendType = options.backend_type
+        """``"CSX"`` (the wafer emulator) or ``"CPU"`` (eager PyTorch)."""
+        self.is_csx = options.backend_type == "CSX"
+        """True for the wafer emulator."""
+        self.is_cpu = not self.is_csx
+        """True for eager PyTorch."""
         self.device = Device(options.backend_type)
         """The context manager the model is built under."""
         self.model: torch.nn.Module | None = None
         """The model :func:`compile` wrapped."""
-        csx = options.backend_type == "CSX"
+        csx = self.is_csx
         cs_ip = options.cs_ip
         if csx and cs_ip is None and not cluster_info().cs_ip:
             cs_ip = "embedded"  # "CSX" means the device even under plain python or csrun_cpu
@@ -153,21 +159,6 @@ class Backend:
                                         settings=_settings.compile_settings() if csx else None,
                                         model_dir=options.artifact_dir, compile_dir=options.compile_dir,
                                         device=options.emulator_device, queue_depth=options.queue_depth)
-
-    @property
-    def backend_type(self) -> BackendType:
-        """``"CSX"`` or ``"CPU"``."""
-        return self.options.backend_type
-
-    @property
-    def is_csx(self) -> bool:
-        """True for the wafer emulator."""
-        return self.options.backend_type == "CSX"
-
-    @property
-    def is_cpu(self) -> bool:
-        """True for eager PyTorch."""
-        return self.options.backend_type == "CPU"
 
     @property
     def run_path(self) -> RunPath:

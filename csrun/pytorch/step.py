@@ -23,9 +23,18 @@ import functools
 from typing import Any, Callable, TypeVar
 
 from csrun.torch import add_step_closure, step_closure
-from csrun.pytorch.utils.data import ExecutorError, current_executor
+from csrun.pytorch.utils.data import DataExecutor, ExecutorError, current_executor
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _executor(fn: Callable[..., Any], what: str) -> DataExecutor:
+    """The running executor, or the error saying ``fn`` (``what``) runs inside its loop."""
+    executor = current_executor()
+    if executor is None:
+        raise ExecutorError(f"{getattr(fn, '__name__', what)}() runs inside `for batch in executor:` (a "
+                            f"cstorch.utils.data.DataExecutor){'' if what == 'the step' else ': ' + what}")
+    return executor
 
 
 def trace(fn: F) -> F:
@@ -35,10 +44,7 @@ def trace(fn: F) -> F:
 
     @functools.wraps(fn)
     def step(*args: Any, **kwargs: Any) -> Any:
-        executor = current_executor()
-        if executor is None:
-            raise ExecutorError(f"{getattr(fn, '__name__', 'the traced step')}() runs inside `for batch in executor:` "
-                                f"(a cstorch.utils.data.DataExecutor)")
+        executor = _executor(fn, "the step")
         batch = executor.begin_traced_step()
         source = executor.dataloader
         args = tuple(batch if a is source else a for a in args)
@@ -59,11 +65,7 @@ def checkpoint_closure(fn: F) -> F:
 
     @functools.wraps(fn)
     def queue(*args: Any, **kwargs: Any) -> None:
-        executor = current_executor()
-        if executor is None:
-            raise ExecutorError(f"{getattr(fn, '__name__', 'the checkpoint closure')}() is called inside the "
-                                f"executor's loop (it runs on the executor's checkpoint_steps)")
-        if executor.on_checkpoint_step:
+        if _executor(fn, "a checkpoint closure runs on the executor's checkpoint_steps").on_checkpoint_step:
             add_step_closure(fn, args, kwargs)
 
     return queue  # type: ignore[return-value]

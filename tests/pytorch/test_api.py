@@ -156,7 +156,7 @@ def test_checkpoint_closure_runs_at_exactly_the_checkpoint_steps() -> None:
     assert ran == [4, 8, 12, 14] and executor.step == 14  # 14 steps: more than the loader's 10, then the last
     with pytest.raises(UserError) as exc:
         checkpoint(1)
-    one_line(exc, "inside the executor's loop")
+    one_line(exc, "checkpoint() runs inside `for batch in executor:`", "checkpoint_steps")
 
 
 def test_cs_config_refusals() -> None:
