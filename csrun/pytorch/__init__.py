@@ -43,7 +43,8 @@ What each name is (each module's manual has the details):
 :func:`backend` / :class:`Backend`     ``"CSX"``: the wafer emulator (embedded; the
                                        ``cs_emulator`` at ``cs_ip`` / ``CS_IP``;
                                        ``compile_only`` / ``validate_only`` exit after the
-                                       first step's compile); ``"CPU"``: eager PyTorch.
+                                       first step's compile; under ``csrun_cpu`` the eager
+                                       validation run); ``"CPU"``: eager PyTorch.
                                        ``backend.device`` is a context manager for building
                                        the model (:mod:`csrun.pytorch.backends`)
 :func:`compile`                        the model as the backend runs it (``cbtorch.module``)

@@ -103,10 +103,12 @@ _HALF: dict[Any, HalfDtype | None] = {torch.float16: "float16", torch.bfloat16: 
 def set_half_dtype(dtype: Any) -> None:
     """The device's 16-bit compute type: ``torch.float16``, ``torch.bfloat16`` / ``"cbfloat16"``, or
     ``torch.float32`` / None for float32 (the default)."""
-    if dtype not in _HALF:
+    try:
+        half = _HALF[dtype]
+    except (KeyError, TypeError):
         raise AmpError(f"set_half_dtype({dtype!r}): give torch.float16, torch.bfloat16 (runs as cbfloat16), "
-                       f"'cbfloat16', or torch.float32 for no half precision")
-    update_settings(half_dtype=_HALF[dtype])
+                       f"'cbfloat16', or torch.float32 for no half precision") from None
+    update_settings(half_dtype=half)
 
 
 def get_half_dtype() -> str:

@@ -2,7 +2,8 @@
 
 A :class:`Backend` is the 2.x face of :func:`csrun.torch.initialize`: ``"CSX"`` takes the
 device path (the embedded emulator, or the ``cs_emulator`` at ``cs_ip`` / ``CS_IP``;
-``compile_only`` / ``validate_only`` compile at the first step's end and exit), ``"CPU"`` runs
+``compile_only`` / ``validate_only`` compile at the first step's end and exit; launched by
+``csrun_cpu`` without a ``cs_ip`` it is the validation run, eager on the CPU), ``"CPU"`` runs
 eagerly (``initialize(cpu=True)``, even under ``CS_IP`` or ``csrun_wse``). One backend per
 process: creating a second one of another kind is refused. :func:`compile` wraps the model
 with ``cbtorch.module`` (the driver's whole-step capture on the device).
@@ -35,6 +36,9 @@ from csrun.torch.device_backend import DeviceBackend
 BackendType = Literal["CSX", "CPU"]
 BACKEND_TYPES: tuple[BackendType, ...] = ("CSX", "CPU")
 """The backend types: the wafer emulator, or eager PyTorch on the CPU."""
+
+CPU_LAUNCHER = "csrun_cpu"
+"""Under this launcher a ``"CSX"`` script is the validation run: eager on the CPU (unless ``cs_ip`` is given)."""
 
 HalfDtype = Literal["float16", "cbfloat16"]
 """The device's 16-bit compute types (``torch.bfloat16`` runs as ``cbfloat16``)."""
@@ -150,10 +154,12 @@ class Backend:
         """The context manager the model is built under."""
         self.model: torch.nn.Module | None = None
         """The model :func:`compile` wrapped."""
-        csx = self.is_csx
+        info = cluster_info()
+        validating = info.launcher == CPU_LAUNCHER and options.cs_ip is None
+        csx = self.is_csx and not validating
         cs_ip = options.cs_ip
-        if csx and cs_ip is None and not cluster_info().cs_ip:
-            cs_ip = "embedded"  # "CSX" means the device even under plain python or csrun_cpu
+        if csx and cs_ip is None and not info.cs_ip:
+            cs_ip = "embedded"  # "CSX" means the device even under plain python
         self.state = cbtorch.initialize(cs_ip if csx else None, cpu=not csx, compile_only=options.compile_only,
                                         validate_only=options.validate_only,
                                         settings=_settings.compile_settings() if csx else None,

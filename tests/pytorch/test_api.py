@@ -268,3 +268,36 @@ def test_save_and_load_share_the_runners_layout(tmp_path: Path) -> None:
     with pytest.raises(CheckpointFileError) as exc:
         cstorch.load(tmp_path / "code.mdl")
     one_line(exc, "code.mdl", "not a weights-only checkpoint")
+
+
+def test_csx_under_csrun_cpu_is_the_cpu_validation_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CSRUN_LAUNCHER", "csrun_cpu")
+    backend = cstorch.backend("CSX")
+    assert backend.is_csx and not backend.on_device and backend.run_path.kind == "cpu"
+
+
+def test_an_eval_loop_runs_the_forward_on_the_device(tmp_path: Path) -> None:
+    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path))
+    torch.manual_seed(0)
+    model = tiny.Model()
+    twin = tiny.Model()
+    twin.load_state_dict(model.state_dict())
+    compiled = cstorch.compile(model, backend)
+    compiled.eval()
+    got: list[float] = []
+
+    @cstorch.trace
+    def eval_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.nll_loss(compiled(x), y)
+
+    @cstorch.step_closure
+    def keep(loss: torch.Tensor) -> None:
+        got.append(loss.item())
+
+    for x, y in cstorch.utils.data.DataExecutor(loader(32)):
+        keep(eval_step(x, y))
+    with torch.no_grad():
+        want = [torch.nn.functional.nll_loss(twin(x), y).item() for x, y in loader(32).streaming().shard_loader]
+    assert len(got) == 4 and max(abs(a - b) for a, b in zip(got, want)) <= 1e-6
+    [spec] = tmp_path.glob("cs_*/spec.json")
+    assert json.loads(spec.read_text())["mode"] == "eval"
