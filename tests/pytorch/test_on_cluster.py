@@ -1,6 +1,7 @@
 """The slides' 2.x scripts under ``csrun_wse --total-nodes 3`` on the local Slurm cluster: the
 executor's input runs on the two streamer tasks (the existing streaming and its input table), the
-chief trains on the embedded emulator, and the losses equal eager torch over the streamed order."""
+chief trains on the embedded emulator (or the job's cs_emulator with ``--emulator``), and the
+losses equal eager torch over the streamed order."""
 
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ def test_slide_train_streams_from_two_workers(slurm_env: dict[str, str], tmp_pat
     assert max(abs(a - b) for a, b in zip(losses, eager)) <= 1e-6
 
 
-def test_skeleton_streams_from_two_workers_and_checkpoints(slurm_env: dict[str, str], tmp_path: Path) -> None:
+def test_skeleton_streams_to_the_jobs_cs_emulator_and_checkpoints(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """csrun_wse --emulator: a cs_emulator for the job, CS_IP exported: "CSX" trains through it over TCP."""
     out = tmp_path / "out"
-    done = run([*WSE, str(SLIDE_SKELETON), "CSX", str(out), "0"], tmp_path, SLURM_CONF=slurm_env["SLURM_CONF"])
+    done = run([WSE[0], "--emulator", *WSE[1:], str(SLIDE_SKELETON), "CSX", str(out), "0"], tmp_path,
+               SLURM_CONF=slurm_env["SLURM_CONF"])
+    assert "csrun_wse: emulator for this job at 127.0.0.1:" in done.stderr
     streamed_by_two(done.stderr)
     eager, _ = eager_skeleton(100, streamers=2)
     losses = read_losses(out / "losses.txt")
