@@ -65,6 +65,12 @@ OPTIMIZER_CLASSES: dict[str, type[Optimizer]] = {e.name: _optimizer_class(e) for
 globals().update({cls.__name__: cls for cls in OPTIMIZER_CLASSES.values()})
 
 
+def __getattr__(name: str) -> type[Optimizer]:
+    """Only for names that are not here (type checkers read the generated classes through it)."""
+    names = ", ".join(cls.__name__ for cls in OPTIMIZER_CLASSES.values())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}; its optimizers: {names}")
+
+
 def configure_optimizer(optimizer_type: str, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
     """The optimizer ``optimizer_type`` (any case) over ``params``, from legacy keys.
 

@@ -3,6 +3,8 @@
 :class:`DataLoader` ``(input_fn, *args, **kwargs)`` holds the function that builds the
 torch ``DataLoader`` (called once per task, when the executor first needs it). Iterating it
 directly is refused: its batches come from a :class:`DataExecutor`.
+:meth:`DataLoader.streaming` is the cbtorch loader it becomes (its ``skip(n)`` starts the
+sequence at global batch ``n``: a resumed script's data position).
 
 :class:`DataExecutor` ``(dataloader, num_steps=None, checkpoint_steps=None, cs_config=None)``
 is what ``for batch in executor:`` iterates. It wraps the loader with ``cbtorch.dataloader``
