@@ -35,12 +35,13 @@ def check_compile_flags(*, compile_only: bool, validate_only: bool) -> None:
 
 
 def check_mode(settings: CompileSettings) -> list[CompileError]:
-    """train_and_eval and gradient accumulation are refused on the system."""
+    """train_and_eval is refused on the system; gradient accumulation too, when pipelined
+    (weight-streaming mode accepts it, as the system's weight-streaming runs did)."""
     problems: list[CompileError] = []
     if settings.mode == "train_and_eval":
         problems.append(TrainAndEvalNotSupported("Training with Eval on CS is not currently supported.",
                                                  location=caller_location()))
-    if settings.grad_accum_steps > 1:
+    if settings.grad_accum_steps > 1 and not settings.streaming:
         problems.append(GradAccumNotSupported(
             f"Gradient Accumulation not supported on CS workflow. (grad_accum_steps={settings.grad_accum_steps})",
             location=caller_location()))

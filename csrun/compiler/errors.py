@@ -116,7 +116,8 @@ class LRSchedulerNotSupported(CompileError):
 class GradAccumNotSupported(CompileError):
     """``grad_accum_steps`` > 1."""
 
-    fix = "set grad_accum_steps to 1 (or remove it) and raise batch_size instead"
+    fix = ("set grad_accum_steps to 1 (or remove it) and raise batch_size instead, or train in weight-streaming "
+           "mode (python-ws, or run.py --execution_strategy weight_streaming), which accepts it")
 
 
 class TrainAndEvalNotSupported(CompileError):
@@ -167,7 +168,9 @@ class CaptureFailed(CompileError):
 
 
 class ModelDoesNotFit(CompileError):
-    """Weights, optimizer state and in-flight activations need more SRAM than the wafer has."""
+    """Weights, optimizer state and in-flight activations need more SRAM than the wafer has
+    (pipelined), or one layer group with one sample does not fit / MemoryX is too small (weight
+    streaming). The compile's fix names weight-streaming mode when a pipelined model does not fit."""
 
     fix = ("make the model smaller (fewer/narrower layers), use a smaller batch or sequence "
            "length, or an optimizer with less state (e.g. sgd instead of adam)")

@@ -1,8 +1,12 @@
 """The compiler's entry points: validate_only, compile_only, load_program, exit codes.
 
 ``validate_only`` captures the step and runs every check (no placement, nothing written).
-``compile_only`` does that, then places the program on the wafer model, and writes (or
-reuses) ``cs_<hash>/``. Both return a :class:`CompileResult`; neither raises for the user's
+``compile_only`` does that, then places the program on the wafer model in the settings'
+execution strategy (:func:`plan_program`: pipelined, :mod:`csrun.compiler.placement`, or weight
+streaming, :mod:`csrun.compiler.streaming`), and writes (or reuses) ``cs_<hash>/``; the strategy
+and the MemoryX model are part of the compile and source keys. A pipelined model that does not
+fit fails with :class:`~csrun.compiler.errors.ModelDoesNotFit` whose fix says whether the
+weight-streaming plan fits and how to select it. Both return a :class:`CompileResult`; neither raises for the user's
 problems (they are in ``result.problems``; ``result.raise_for_problems()`` raises them as one
 error). The same call serves the first step of a real run: ``result.exported_program()``.
 """
@@ -34,7 +38,8 @@ from csrun.compiler.placement import Plan, place
 from csrun.compiler.report import human_bytes
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
-from csrun.compiler.wafer import WSE2, WaferSpec
+from csrun.compiler.streaming import STREAMING_WHY, place_streaming
+from csrun.compiler.wafer import MEMORYX, WSE2, MemoryXSpec, WaferSpec
 
 SPEC_FILE = "spec.json"
 PLAN_FILE = "plan.json"
@@ -102,19 +107,71 @@ def _say(console: Console | None, text: str) -> None:
         console.print(text, markup=False, highlight=False)
 
 
-def _does_not_fit(plan: Plan) -> ModelDoesNotFit:
+WS_HOW = "python-ws, or run.py --execution_strategy weight_streaming, or runconfig.execution_strategy: weight_streaming"
+"""How a user selects weight-streaming mode (named in fixes)."""
+
+
+def plan_program(program: torch.export.ExportedProgram, spec: ProgramSpec, settings: CompileSettings, *,
+                 wafer: WaferSpec = WSE2, memoryx: MemoryXSpec = MEMORYX) -> tuple[Plan, Plan | None]:
+    """The plan in the settings' execution strategy, and the other strategy's plan when it tells
+    the user something: the weight-streaming plan of a pipelined model that does not fit (for the
+    fix), the pipelined plan of a weight-streaming one (for ``why``)."""
+    costs = layer_costs(program, spec)
+    if settings.streaming:
+        piped = place(costs, spec, wafer)
+        verdict = (f"pipelined it would need {human_bytes(piped.sram_needed_bytes)} of "
+                   f"{human_bytes(piped.sram_available_bytes)} SRAM ({'fits' if piped.fits else 'does not fit'})")
+        return place_streaming(costs, spec, wafer, memoryx, why=f"{STREAMING_WHY}; selected by execution_strategy: "
+                               f"weight_streaming; {verdict}"), piped
+    plan = place(costs, spec, wafer)
+    if plan.fits:
+        return plan, None
+    return plan, place_streaming(costs, spec, wafer, memoryx)
+
+
+def _does_not_fit(plan: Plan, other: Plan | None) -> ModelDoesNotFit:
     big = ", ".join(f"{l.name} ({human_bytes(l.sram_needed_bytes)})" for l in plan.biggest_layers(5))
+    if plan.streaming:
+        mx = plan.memoryx or MEMORYX
+        what = (f"the model does not fit on {plan.wafer.name} in weight-streaming mode (estimate): "
+                + (f"MemoryX needs {human_bytes(plan.memoryx_needed_bytes)} for weights, master copies, optimizer "
+                   f"state and gradient sums and has {human_bytes(mx.capacity_bytes)}" if plan.micro_batch_size else
+                   f"one sample needs {human_bytes(plan.sram_needed_bytes)} of SRAM resident at once (a layer group's "
+                   f"weights and gradients, the next group's weights, the activations) and the wafer has "
+                   f"{human_bytes(plan.sram_available_bytes)}")
+                + f". Biggest layer groups: {big}")
+        return ModelDoesNotFit(what, fix="make the layers narrower or the sequence shorter (one layer group and one "
+                               "sample's activations must fit the wafer), or use an optimizer with less state",
+                               location=caller_location())
+    fix = ModelDoesNotFit.fix
+    if other is not None and other.fits:
+        fix += (f"; or train it in weight-streaming mode ({WS_HOW}): its plan fits (estimate: "
+                f"{human_bytes(other.sram_needed_bytes)} resident of {human_bytes(other.sram_available_bytes)}, "
+                f"micro batch {other.micro_batch_size}, {human_bytes(other.memoryx_needed_bytes)} in MemoryX)")
+    elif other is not None:
+        fix += f"; weight-streaming mode ({WS_HOW}) would not fit it either"
     return ModelDoesNotFit(
         f"the model does not fit on {plan.wafer.name} (estimate): it needs {human_bytes(plan.sram_needed_bytes)} "
         f"({plan.sram_needed_bytes:,.0f} bytes) of SRAM for weights, gradients, optimizer state and in-flight "
         f"activations; the wafer has {human_bytes(plan.sram_available_bytes)} ({plan.sram_available_bytes:,.0f} bytes, "
         f"{plan.wafer.num_pes:,} PEs x {human_bytes(plan.wafer.sram_bytes_per_pe)}). Biggest layers: {big}",
-        location=caller_location())
+        fix=fix, location=caller_location())
+
+
+def target_text(settings: CompileSettings, memoryx: MemoryXSpec) -> str:
+    """What the compile targets besides the wafer, for the compile and source keys: empty when pipelined
+    (the keys stay those of earlier compiles), the strategy and MemoryX when streaming, so the same
+    program compiled for the other strategy gets its own directory."""
+    if not settings.streaming:
+        return ""
+    return "\n" + json.dumps({"execution_strategy": settings.execution_strategy, "memoryx": memoryx.to_dict()},
+                             sort_keys=True)
 
 
 def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optimizer: torch.optim.Optimizer | None,
          lr_schedulers: Iterable[Any], dataloader: Any, validate: bool, model_dir: str | None, compile_dir: str | None,
-         wafer: WaferSpec, reuse_by_source: bool, console: Console | None, step_key: str = "") -> CompileResult:
+         wafer: WaferSpec, reuse_by_source: bool, console: Console | None, step_key: str = "",
+         memoryx: MemoryXSpec = MEMORYX) -> CompileResult:
     t0 = time.perf_counter()
     _say(console, report.MSG_COMPILING)
     settings = settings_with_optimizer(settings, optimizer, model)
@@ -126,7 +183,7 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
                                     location=caller_location()))
     if not validate and not problems and reuse_by_source:
         hit = _fast_hit(model, batch, settings=settings, model_dir=model_dir, compile_dir=compile_dir, wafer=wafer,
-                        step_key=step_key)
+                        step_key=step_key, memoryx=memoryx)
         if hit is not None:
             hit.seconds = time.perf_counter() - t0
             _finish(hit, console)
@@ -145,16 +202,16 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
         result.seconds = time.perf_counter() - t0
         _finish(result, console)
         return result
-    plan = place(layer_costs(cap.program, cap.spec), cap.spec, wafer)
+    plan, other = plan_program(cap.program, cap.spec, settings, wafer=wafer, memoryx=memoryx)
     result.plan, result.plan_json, result.estimate_json = plan, plan.plan_json(), plan.estimate_json()
     if not plan.fits:
-        result.problems.append(_does_not_fit(plan))
+        result.problems.append(_does_not_fit(plan, other))
         result.seconds = time.perf_counter() - t0
         _finish(result, console)
         return result
     spec_json = cap.spec.to_json()
-    key = compile_key(cap.program, spec_json, wafer)
-    skey = _source_key(model, batch, settings, wafer, step_key)
+    key = compile_key(cap.program, spec_json + target_text(settings, memoryx), wafer)
+    skey = _source_key(model, batch, settings, wafer, step_key, memoryx)
     target = compile_dir or os.path.join(model_dir or "model_dir", f"cs_{key}")
     result.directory = os.path.abspath(target)
 
@@ -190,17 +247,20 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
     return result
 
 
-def _source_key(model: torch.nn.Module, batch: Any, settings: CompileSettings, wafer: WaferSpec, step_key: str) -> str:
+def _source_key(model: torch.nn.Module, batch: Any, settings: CompileSettings, wafer: WaferSpec, step_key: str,
+                memoryx: MemoryXSpec) -> str:
     inputs, tree = input_schema(batch)
     schema = json.dumps([[i.path, i.dtype, list(i.shape)] for i in inputs]) + tree
     spec = settings.program_spec(inputs=inputs, input_tree=tree, outputs=())
-    return source_key(model, schema, spec.to_json() + f"|{settings.mode}|{step_key}", wafer)
+    return source_key(model, schema, spec.to_json() + target_text(settings, memoryx) + f"|{settings.mode}|{step_key}",
+                      wafer)
 
 
 def _fast_hit(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, model_dir: str | None,
-              compile_dir: str | None, wafer: WaferSpec, step_key: str = "") -> CompileResult | None:
+              compile_dir: str | None, wafer: WaferSpec, step_key: str = "",
+              memoryx: MemoryXSpec = MEMORYX) -> CompileResult | None:
     try:
-        skey = _source_key(model, batch, settings, wafer, step_key)
+        skey = _source_key(model, batch, settings, wafer, step_key, memoryx)
     except (CompileError, ConfigError):
         return None
     if compile_dir is not None:
@@ -251,8 +311,11 @@ def compile_only(model: torch.nn.Module, batch: Any, *, settings: CompileSetting
                  model_dir: str | None = None, compile_dir: str | None = None,
                  optimizer: torch.optim.Optimizer | None = None, lr_schedulers: Iterable[Any] = (),
                  dataloader: Any = None, wafer: WaferSpec = WSE2, reuse_by_source: bool = True,
-                 console: Console | None = None, step_key: str = "") -> CompileResult:
+                 console: Console | None = None, step_key: str = "", memoryx: MemoryXSpec = MEMORYX) -> CompileResult:
     """Capture, check, place on the wafer model and write (or reuse) the compile directory.
+
+    ``settings.execution_strategy`` picks the placement (pipelined, or weight streaming with
+    ``memoryx`` as the off-wafer store).
 
     The directory is ``compile_dir`` when given, else ``model_dir/cs_<hash>/``. With
     ``reuse_by_source`` a complete directory whose source key matches is reused without
@@ -262,7 +325,7 @@ def compile_only(model: torch.nn.Module, batch: Any, *, settings: CompileSetting
     """
     return _run(model, batch, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
                 dataloader=dataloader, validate=False, model_dir=model_dir, compile_dir=compile_dir, wafer=wafer,
-                reuse_by_source=reuse_by_source, console=console, step_key=step_key)
+                reuse_by_source=reuse_by_source, console=console, step_key=step_key, memoryx=memoryx)
 
 
 def load_program(directory: str, *, weights: Mapping[str, torch.Tensor] | None = None

@@ -12,6 +12,11 @@ layer takes more PEs than its work can use (FLOP + bytes touched over
 ``WaferSpec.min_flops_per_pe``). A layer's stage time per sample is the larger of its
 compute time (FLOP / region FLOP/s) and its memory time (bytes touched / region bandwidth);
 the pipeline's steady state is one sample per slowest stage. All of it is an *estimate*.
+
+:class:`Plan` is the result of either execution strategy (:mod:`csrun.program.execution`):
+:func:`place` is the pipelined placement, :func:`csrun.compiler.streaming.place_streaming` the
+weight-streaming one (rows are then layer groups, placed one at a time). ``plan.json`` and
+``estimate.json`` say which (``execution_strategy``) and why (``why``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 
 from csrun.compiler.costs import LayerCost, gradient_bytes, optimizer_state_bytes
 from csrun.compiler.spec import ProgramSpec
-from csrun.compiler.wafer import WaferSpec
+from csrun.compiler.wafer import MemoryXSpec, WaferSpec
+from csrun.program.execution import PIPELINE, WEIGHT_STREAMING
 
 
 @dataclass(kw_only=True)
@@ -67,6 +73,26 @@ class Plan:
     bottleneck: str = ""
     """The slowest stage's layer."""
     batch_size: int = 1
+    execution_strategy: str = PIPELINE
+    """``pipeline`` or ``weight_streaming`` (:mod:`csrun.program.execution`)."""
+    why: str = ""
+    """Which mode and why, for plan.json, estimate.json and the report."""
+    memoryx: MemoryXSpec | None = None
+    """Weight streaming: the MemoryX model (capacity, bandwidths); None when pipelined."""
+    memoryx_needed_bytes: float = 0.0
+    """Weight streaming: master weights, 16-bit copies, optimizer state and gradient sums held in MemoryX."""
+    micro_batch_size: int = 0
+    """Weight streaming: samples whose activations are resident at once (the batch runs as
+    ``batch_size / micro_batch_size`` passes whose gradients are summed); 0 when pipelined."""
+    weight_stream_bytes_per_step: float = 0.0
+    """Weight streaming: bytes streamed from MemoryX onto the wafer per step."""
+    gradient_stream_bytes_per_step: float = 0.0
+    """Weight streaming: gradient bytes streamed off the wafer per step."""
+
+    @property
+    def streaming(self) -> bool:
+        """True for a weight-streaming plan."""
+        return self.execution_strategy == WEIGHT_STREAMING
 
     @property
     def total_utilization(self) -> float:
@@ -89,11 +115,24 @@ class Plan:
         """The layers needing the most SRAM, biggest first."""
         return sorted(self.layers, key=lambda l: l.sram_needed_bytes, reverse=True)[:n]
 
+    def _streaming_json(self) -> dict[str, Any]:
+        if self.memoryx is None:
+            return {}
+        return {"memoryx": {**self.memoryx.to_dict(), "needed_bytes": self.memoryx_needed_bytes,
+                            "fits": self.memoryx_needed_bytes <= self.memoryx.capacity_bytes},
+                "micro_batch_size": self.micro_batch_size,
+                "weight_stream_bytes_per_step": self.weight_stream_bytes_per_step,
+                "gradient_stream_bytes_per_step": self.gradient_stream_bytes_per_step}
+
     def plan_json(self) -> dict[str, Any]:
         """The content of ``plan.json``."""
         return {
             "estimate": True,
             "note": "all figures are estimates from the wafer model (csrun.compiler.wafer)",
+            "execution_strategy": self.execution_strategy,
+            "why": self.why,
+            "batch_size": self.batch_size,
+            **self._streaming_json(),
             "wafer": self.wafer.to_dict(),
             "total_utilization": self.total_utilization,
             "memory_utilization": self.memory_utilization,
@@ -112,15 +151,33 @@ class Plan:
         wafer = WaferSpec(**{k: v for k, v in plan["wafer"].items() if k in wafer_fields})
         layer_fields = {f for f in LayerPlacement.__dataclass_fields__}
         layers = [LayerPlacement(**{k: v for k, v in row.items() if k in layer_fields}) for row in plan["layers"]]
+        mx = plan.get("memoryx")
+        memoryx = MemoryXSpec(**{k: v for k, v in mx.items() if k in MemoryXSpec.__dataclass_fields__}) if mx else None
         return Plan(wafer=wafer, layers=layers, sram_needed_bytes=plan["sram_needed_bytes"],
                     sram_available_bytes=plan["sram_available_bytes"], pes_used=plan["pes_used"], fits=plan["fits"],
                     est_samples_per_sec=estimate["est_samples_per_sec"], bottleneck=estimate.get("bottleneck_layer", ""),
-                    batch_size=estimate.get("batch_size", 1))
+                    batch_size=estimate.get("batch_size", 1),
+                    execution_strategy=plan.get("execution_strategy", PIPELINE), why=plan.get("why", ""),
+                    memoryx=memoryx, memoryx_needed_bytes=mx["needed_bytes"] if mx else 0.0,
+                    micro_batch_size=plan.get("micro_batch_size", 0),
+                    weight_stream_bytes_per_step=plan.get("weight_stream_bytes_per_step", 0.0),
+                    gradient_stream_bytes_per_step=plan.get("gradient_stream_bytes_per_step", 0.0))
 
     def estimate_json(self) -> dict[str, Any]:
         """The content of ``estimate.json``."""
+        assumptions: dict[str, Any] = {"clock_hz": self.wafer.clock_hz,
+                                       "flops_per_pe_per_cycle": self.wafer.flops_per_pe_per_cycle,
+                                       "min_flops_per_pe": self.wafer.min_flops_per_pe}
+        if self.memoryx is not None:
+            assumptions.update(
+                weight_bandwidth_bytes_per_s=self.memoryx.weight_bandwidth_bytes_per_s,
+                gradient_bandwidth_bytes_per_s=self.memoryx.gradient_bandwidth_bytes_per_s,
+                stream_bytes_per_weight=self.memoryx.stream_bytes_per_weight,
+                memoryx_capacity_bytes=self.memoryx.capacity_bytes)
         return {
             "estimate": True,
+            "execution_strategy": self.execution_strategy,
+            "why": self.why,
             "est_samples_per_sec": self.est_samples_per_sec,
             "est_steps_per_sec": self.est_samples_per_sec / self.batch_size if self.batch_size else 0.0,
             "batch_size": self.batch_size,
@@ -128,8 +185,10 @@ class Plan:
             "total_utilization": self.total_utilization,
             "compute_utilization": self.compute_utilization,
             "fits": self.fits,
-            "assumptions": {"clock_hz": self.wafer.clock_hz, "flops_per_pe_per_cycle": self.wafer.flops_per_pe_per_cycle,
-                            "min_flops_per_pe": self.wafer.min_flops_per_pe},
+            **({"micro_batch_size": self.micro_batch_size,
+                "weight_stream_bytes_per_step": self.weight_stream_bytes_per_step,
+                "gradient_stream_bytes_per_step": self.gradient_stream_bytes_per_step} if self.streaming else {}),
+            "assumptions": assumptions,
         }
 
 
@@ -157,8 +216,13 @@ def _allocate(min_pes: list[int], caps: list[int], weights: list[float], total: 
     return alloc(lo)
 
 
-def place(costs: list[LayerCost], spec: ProgramSpec, wafer: WaferSpec) -> Plan:
-    """Place the layers on the wafer and estimate fit and throughput (see module docstring)."""
+PIPELINE_WHY = ("pipelined: every layer keeps its weights, gradients, optimizer state and the activations of "
+                "the samples in flight in its own region of the wafer")
+"""The ``why`` of a pipelined plan (the default strategy)."""
+
+
+def place(costs: list[LayerCost], spec: ProgramSpec, wafer: WaferSpec, *, why: str = PIPELINE_WHY) -> Plan:
+    """Place the layers on the wafer pipelined and estimate fit and throughput (see module docstring)."""
     n = len(costs)
     batch = spec.inputs[0].shape[0] if spec.inputs and spec.inputs[0].shape else 1
     train = spec.mode == "train"
@@ -193,4 +257,5 @@ def place(costs: list[LayerCost], spec: ProgramSpec, wafer: WaferSpec) -> Plan:
     rate = 1.0 / slowest.stage_seconds_per_sample if slowest and slowest.stage_seconds_per_sample > 0 else 0.0
     return Plan(wafer=wafer, layers=layers, sram_needed_bytes=total_need, sram_available_bytes=float(wafer.sram_bytes),
                 pes_used=min(sum(pes), wafer.num_pes) if fits else sum(min_pes), fits=fits,
-                est_samples_per_sec=rate if fits else 0.0, bottleneck=slowest.name if slowest else "", batch_size=int(batch))
+                est_samples_per_sec=rate if fits else 0.0, bottleneck=slowest.name if slowest else "", batch_size=int(batch),
+                why=why)

@@ -30,7 +30,9 @@ def human_bytes(n: float) -> str:
 
 def plan_table(plan: Plan, *, top: int = 10) -> Table:
     """The biggest layers with their regions, memory and stage times (estimates)."""
-    t = Table(title=f"Placement on {plan.wafer.name} (estimate) - biggest {min(top, len(plan.layers))} of {len(plan.layers)} layers")
+    mode, what = (", weight streaming", "layer groups, one at a time") if plan.streaming else ("", "layers")
+    t = Table(title=f"Placement on {plan.wafer.name}{mode} (estimate) - biggest "
+                    f"{min(top, len(plan.layers))} of {len(plan.layers)} {what}")
     for col, just in (("layer", "left"), ("type", "left"), ("PEs", "right"), ("weights", "right"),
                       ("opt. state", "right"), ("activations", "right"), ("SRAM need/avail", "right"),
                       ("MFLOP/sample", "right"), ("stage µs", "right")):
@@ -45,14 +47,32 @@ def plan_table(plan: Plan, *, top: int = 10) -> Table:
 
 
 def summary_lines(plan: Plan) -> list[str]:
-    """Fit, utilization and throughput, each labelled as an estimate."""
+    """Mode and why, fit, utilization and throughput, each figure labelled as an estimate."""
     fit = "fits" if plan.fits else "DOES NOT FIT"
-    return [
+    lines = [
+        f"Execution strategy: {plan.execution_strategy} - {plan.why}",
         f"Wafer: {plan.wafer.name}, {plan.wafer.num_pes:,} PEs, {human_bytes(plan.wafer.sram_bytes)} SRAM",
-        f"Memory (estimate): {human_bytes(plan.sram_needed_bytes)} needed of {human_bytes(plan.sram_available_bytes)} - {fit}",
-        f"Utilization (estimate): {plan.total_utilization:.1%} of PEs placed, {plan.compute_utilization:.1%} of assumed peak FLOP/s",
-        f"Throughput (estimate, an upper bound: ideally balanced pipeline): {plan.est_samples_per_sec:,.1f} samples/s "
-        f"steady state (slowest stage: {plan.bottleneck})",
+    ]
+    if not plan.streaming:
+        return lines + [
+            f"Memory (estimate): {human_bytes(plan.sram_needed_bytes)} needed of {human_bytes(plan.sram_available_bytes)} - {fit}",
+            f"Utilization (estimate): {plan.total_utilization:.1%} of PEs placed, {plan.compute_utilization:.1%} of assumed peak FLOP/s",
+            f"Throughput (estimate, an upper bound: ideally balanced pipeline): {plan.est_samples_per_sec:,.1f} samples/s "
+            f"steady state (slowest stage: {plan.bottleneck})",
+        ]
+    mx = plan.memoryx
+    if mx is not None:
+        lines.append(f"{mx.name} (assumed): {human_bytes(plan.memoryx_needed_bytes)} needed of {human_bytes(mx.capacity_bytes)}; "
+                     f"weights stream in at {mx.weight_bandwidth_bytes_per_s / 1e9:,.0f} GB/s, gradients out at "
+                     f"{mx.gradient_bandwidth_bytes_per_s / 1e9:,.0f} GB/s, {mx.stream_bytes_per_weight} bytes per element")
+    return lines + [
+        f"Memory (estimate): {human_bytes(plan.sram_needed_bytes)} resident at once of {human_bytes(plan.sram_available_bytes)} "
+        f"(a layer group, the next group's weights, {plan.micro_batch_size} of {plan.batch_size} samples' activations) - {fit}",
+        f"Streamed per step (estimate): {human_bytes(plan.weight_stream_bytes_per_step)} of weights in, "
+        f"{human_bytes(plan.gradient_stream_bytes_per_step)} of gradients out",
+        f"Utilization (estimate): {plan.compute_utilization:.1%} of assumed peak FLOP/s",
+        f"Throughput (estimate, streaming overlapped with compute): {plan.est_samples_per_sec:,.2f} samples/s "
+        f"(slowest layer group: {plan.bottleneck})",
     ]
 
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from csrun.compiler.errors import ConfigError
 from csrun.compiler.optim import optimizer_spec_from_params
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
+from csrun.program.execution import EXECUTION_STRATEGIES, PIPELINE, WEIGHT_STREAMING
 
 RUN_MODES = ("train", "eval", "train_and_eval")
 """run.py ``--mode`` values."""
@@ -46,7 +47,22 @@ class CompileSettings:
     max_gradient_value: float | None = None
     """Clip each gradient element to ±this (None: no clipping)."""
     grad_accum_steps: int = 1
-    """Gradient accumulation; anything above 1 is refused on the system."""
+    """Gradient accumulation: above 1 it is refused pipelined (as the system did) and accepted
+    in weight-streaming mode (as the system's weight-streaming runs accepted it)."""
+    execution_strategy: str = PIPELINE
+    """``pipeline`` or ``weight_streaming`` (:mod:`csrun.program.execution`): which placement, fit
+    rule and estimate the compile uses; the program and its numerics are the same."""
+
+    def __post_init__(self) -> None:
+        if self.execution_strategy not in EXECUTION_STRATEGIES:
+            raise ConfigError(f"execution_strategy {self.execution_strategy!r} is not one of "
+                              f"{', '.join(EXECUTION_STRATEGIES)}",
+                              fix=f"use --execution_strategy {PIPELINE} or --execution_strategy {WEIGHT_STREAMING}")
+
+    @property
+    def streaming(self) -> bool:
+        """True in weight-streaming mode."""
+        return self.execution_strategy == WEIGHT_STREAMING
 
     @property
     def precision(self) -> str:
@@ -103,8 +119,9 @@ def settings_from_params(params: Mapping[str, Any], *, mode: str = "train") -> C
     """Compile settings from the legacy params dict (the YAML, already loaded).
 
     Reads ``optimizer`` (type, hyperparameters, ``learning_rate``, loss scaling, clipping,
-    ``grad_accum_steps``), ``model.mixed_precision`` (required) and ``csconfig.use_cbfloat16``
-    (``model.use_cbfloat16`` also accepted). ``mode`` is run.py's ``--mode``.
+    ``grad_accum_steps``), ``model.mixed_precision`` (required), ``csconfig.use_cbfloat16``
+    (``model.use_cbfloat16`` also accepted) and ``runconfig.execution_strategy`` (default
+    ``pipeline``). ``mode`` is run.py's ``--mode``.
     """
     if mode not in RUN_MODES:
         raise ConfigError(f"mode {mode!r} is not one of {', '.join(RUN_MODES)}", fix="pass --mode train or --mode eval")
@@ -129,4 +146,5 @@ def settings_from_params(params: Mapping[str, Any], *, mode: str = "train") -> C
         loss_scaling=loss_scaling_from_params(section),
         max_gradient_norm=_float_or_none(section, "max_gradient_norm"),
         max_gradient_value=_float_or_none(section, "max_gradient_value"),
-        grad_accum_steps=accum)
+        grad_accum_steps=accum,
+        execution_strategy=str((params.get("runconfig") or {}).get("execution_strategy") or PIPELINE))

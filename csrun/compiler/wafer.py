@@ -14,6 +14,13 @@ SRAM per PE is derived: 40 GB / 850,000 ≈ 47 KB (DESIGN.md rounds it to 48 KB)
 **Assumptions** (not in the sources, stated as parameters so they can be changed): a clock
 of 1.1 GHz and 4 FLOP per PE per cycle (one 16-bit FMA on a 2-wide SIMD lane). Every
 number the compiler derives from these is an *estimate*.
+
+:class:`MemoryXSpec` is the off-wafer weight store of weight-streaming mode (seed 001: "Weights
+stored externally off-wafer", "Gradients streamed out of wafer", "Weight update occurs in
+MemoryX"; seed 003: weights are taken "layer by layer ... from a large capacity memory service
+called MemoryX"). The seeds give no capacity or bandwidth; the defaults are ASSUMPTIONS, stated
+as parameters: 4 TB of capacity (the smallest MemoryX Cerebras announced) and 150 GB/s each way
+between MemoryX and the wafer (the CS-2's 12 x 100 GbE links, full duplex).
 """
 
 from __future__ import annotations
@@ -67,3 +74,28 @@ class WaferSpec:
 
 WSE2 = WaferSpec()
 """The default: the WSE-2 of the CS-2."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryXSpec:
+    """The off-wafer store of weight-streaming mode: capacity and streaming bandwidths (ASSUMPTIONS)."""
+
+    name: str = "MemoryX"
+    """A label for reports."""
+    capacity_bytes: float = 4e12
+    """ASSUMPTION: bytes for float32 weights (master copies), optimizer state and the gradient
+    sums of one step (4 TB, the smallest MemoryX announced)."""
+    weight_bandwidth_bytes_per_s: float = 150e9
+    """ASSUMPTION: weights streamed from MemoryX onto the wafer (12 x 100 GbE = 150 GB/s)."""
+    gradient_bandwidth_bytes_per_s: float = 150e9
+    """ASSUMPTION: gradients streamed from the wafer to MemoryX (the same links' other direction)."""
+    stream_bytes_per_weight: int = 4
+    """ASSUMPTION: bytes per weight or gradient element on the links (float32, as MemoryX stores them)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for plan.json and estimate.json)."""
+        return asdict(self)
+
+
+MEMORYX = MemoryXSpec()
+"""The default MemoryX (ASSUMPTIONS above)."""

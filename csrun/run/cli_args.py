@@ -4,7 +4,10 @@ Every flag given on the command line overwrites the same key of ``params["runcon
 before the params are typed and checked, so a flag is checked exactly like the YAML key.
 See :mod:`csrun.run` for the table of flags. ``--cs_ip`` (default ``CS_IP``, read through
 :class:`~csrun.cluster.ClusterInfo`) is parsed by :func:`csrun.address.parse_address` and
-recorded as ``host:port``; a bad one is a one-line error. The path is decided by
+recorded as ``host:port``; a bad one is a one-line error. ``--execution_strategy`` (``pipeline`` or
+``weight_streaming``) falls back to ``CSRUN_EXECUTION_STRATEGY`` (set by ``python-ws``,
+:mod:`csrun.program.execution`), then to ``runconfig.execution_strategy``; a bad value of the
+variable is a one-line error naming it. The path is decided by
 :func:`csrun.driver.run_path.decide`; :class:`RunPath` is how run.py reports it
 (``cpu`` or ``system``, as ``performance.json`` records it).
 """
@@ -12,6 +15,7 @@ recorded as ``host:port``; a bad one is a one-line error. The path is decided by
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
@@ -21,6 +25,7 @@ from csrun.address import AddressError, parse_address
 from csrun.cluster import ClusterInfo, cluster_info
 from csrun.driver import run_path
 from csrun.driver.run_path import EMBEDDED, RunFlags
+from csrun.program.execution import EXECUTION_STRATEGIES, EXECUTION_STRATEGY_ENV, PIPELINE, WEIGHT_STREAMING
 from csrun.run.params import (
     InputConfig,
     ModelConfig,
@@ -72,7 +77,9 @@ def _add_run_flags(p: argparse.ArgumentParser, prog: str) -> None:
     p.add_argument("--logging", default=None, help="chief log level (DEBUG, INFO, WARNING, ERROR)")
     p.add_argument("--config", default=None, help="use this top-level key of the params YAML")
     p.add_argument("-c", "--compile_dir", default=None, help="compile output folder")
-    p.add_argument("--execution_strategy", default=None, choices=("pipeline",), help="pipeline (the only mode)")
+    p.add_argument("--execution_strategy", default=None, choices=EXECUTION_STRATEGIES,
+                   help=f"pipeline (the model on the wafer) or weight_streaming (weights streamed from MemoryX); "
+                        f"default ${EXECUTION_STRATEGY_ENV}, then runconfig.execution_strategy")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from the latest valid checkpoint in model_dir")
     p.add_argument("--max_steps", type=int, default=None, help="runconfig.max_steps: the last global step")
@@ -96,9 +103,17 @@ def normalize_cs_ip(value: str | None) -> str | None:
 
 def parse_args(argv: list[str] | None, *, prog: str = "run.py", environ: Mapping[str, str] | None = None,
                parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.Namespace:
-    """The parsed flags; ``cs_ip`` falls back to ``CS_IP``. argparse exits 2 on a bad flag or address."""
+    """The parsed flags; ``cs_ip`` falls back to ``CS_IP``, ``execution_strategy`` to
+    ``CSRUN_EXECUTION_STRATEGY``. argparse exits 2 on a bad flag, address or strategy."""
     parser = build_parser(prog, parents)
     args = parser.parse_args(argv)
+    if args.execution_strategy is None:
+        env = os.environ if environ is None else environ
+        chosen = env.get(EXECUTION_STRATEGY_ENV, "").strip()
+        if chosen and chosen not in EXECUTION_STRATEGIES:
+            parser.error(f"{EXECUTION_STRATEGY_ENV}={chosen!r} is not one of {', '.join(EXECUTION_STRATEGIES)}: "
+                         f"set it to {WEIGHT_STREAMING} or unset it")
+        args.execution_strategy = chosen or None
     from_env = args.cs_ip is None
     if from_env:
         args.cs_ip = cluster_info(environ).cs_ip or None
@@ -198,11 +213,14 @@ def choose_path(params: Params, environ: Mapping[str, str] | None = None, *,
 
 
 def check_system_rules(params: Params, path: RunPath) -> None:
-    """What the system refused that the CPU allows."""
+    """What the system refused that the CPU allows: ``train_and_eval``; ``grad_accum_steps > 1``
+    when pipelined (weight-streaming mode accepts it, as the system's weight-streaming runs did)."""
     if path.kind != "system":
         return
     if params.runconfig.mode == "train_and_eval":
         raise ConfigError("Training with Eval on CS is not currently supported.")
     if (params.optimizer is not None and params.optimizer.grad_accum_steps > 1
-            and params.runconfig.mode not in ("eval", "eval_all")):
-        raise ConfigError("Gradient Accumulation not supported on CS workflow.")
+            and params.runconfig.mode not in ("eval", "eval_all") and params.runconfig.execution_strategy == PIPELINE):
+        raise ConfigError("Gradient Accumulation not supported on CS workflow.",
+                          fix=f"set optimizer.grad_accum_steps to 1, or train in weight-streaming mode (python-ws, or "
+                              f"--execution_strategy {WEIGHT_STREAMING}), which accepts it")

@@ -76,7 +76,9 @@ class RunConfig:
     logging: str = doc("INFO", "chief log level")
     streamer_logging: str = doc("ERROR", "streamer log level")
     compile_dir: str | None = doc(None, "compile output folder (default: model_dir/cs_<hash>)")
-    execution_strategy: Literal["pipeline"] = doc("pipeline", "pipelined mode (the only one here)")
+    execution_strategy: Literal["pipeline", "weight_streaming"] = doc(
+        "pipeline", "pipeline (the model on the wafer) or weight_streaming (weights in MemoryX, streamed in one layer "
+                    "group at a time; what python-ws selects); CSRUN_EXECUTION_STRATEGY and --execution_strategy override it")
 
     def check(self) -> None:
         """Refuse wrong types, out-of-range values and impossible combinations, naming the keys."""
@@ -121,7 +123,8 @@ class OptimizerConfig:
     max_loss_scale: float = doc(MAX_LOSS_SCALE, "dynamic scaling: upper bound")
     max_gradient_norm: float | None = doc(None, "clip the global gradient norm to this")
     max_gradient_value: float | None = doc(None, "clip every gradient element to +-this")
-    grad_accum_steps: int = doc(1, "gradient accumulation (CPU only; refused on the system)")
+    grad_accum_steps: int = doc(1, "gradient accumulation (CPU, and weight-streaming mode on the system; refused "
+                                    "pipelined on the system)")
 
     def check(self) -> None:
         """Refuse impossible values, naming the keys; fill in the epsilon the optimizer runs with."""

@@ -68,7 +68,7 @@ def test_config_picks_a_top_level_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("argv", [[], ["-m", "train"], ["-p", "x.yaml"], ["-p", "x", "-m", "fly"],
-                                  ["-p", "x", "-m", "train", "--execution_strategy", "weight_streaming"]])
+                                  ["-p", "x", "-m", "train", "--execution_strategy", "weight_stream"]])
 def test_bad_command_lines_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_args(argv, environ={})
@@ -96,7 +96,7 @@ def test_system_refusals() -> None:
         check_system_rules(params_for(["-m", "train_and_eval"]), system)
     data = {**BASE, "optimizer": {**BASE["optimizer"], "grad_accum_steps": 2}}
     accum = params_from_dict(apply_overrides(data, parse_args(["-p", "x", "-m", "train"], environ={}), default_model_dir="d"), **CONFIGS)
-    with pytest.raises(ConfigError, match=r"^Gradient Accumulation not supported on CS workflow\.$"):
+    with pytest.raises(ConfigError, match=r"^Gradient Accumulation not supported on CS workflow\.\nFix: .*weight_streaming"):
         check_system_rules(accum, system)
     check_system_rules(accum, RunPath(kind="cpu", cs_ip=None, reason="test"))  # fine on the CPU
 
