@@ -11,6 +11,8 @@ are the inputs shifted left by one, ``attention_mask`` is 1 exactly where a labe
 and returns scalars only: ``loss`` first, then ``lm_xent`` / ``lm_count`` / ``lm_correct``
 for the eval metrics (:func:`gpt2_eval_metrics`). Static shapes, no Python control flow on
 tensor values: the step captures with ``torch.export`` (``csrun.compiler``).
+
+GPT-3 is this architecture at other sizes (``configs/gpt3_xl.yaml``: 1.3B; ``gpt3_debug.yaml``).
 """
 
 from __future__ import annotations
