@@ -6,7 +6,7 @@ Where it comes from, later winning:
 2. the YAML file ``$CSRUN_SITE_CONFIG`` if set (it must exist), else ``configs/csrun.yaml``
    beside the ``csrun`` package (the repository's copy) when present;
 3. ``CSRUN_<KEY>`` environment variables, one per field (``CSRUN_IMAGE``,
-   ``CSRUN_MOUNT_DIRS``, ``CSRUN_DEF_NODES``, ``CSRUN_DEF_TASKS_PER_NODE``,
+   ``CSRUN_WS_IMAGE``, ``CSRUN_MOUNT_DIRS``, ``CSRUN_DEF_NODES``, ``CSRUN_DEF_TASKS_PER_NODE``,
    ``CSRUN_DEF_CPUS_PER_TASK``, ``CSRUN_GRES_RESOURCE``, ``CSRUN_GRES_NODE``,
    ``CSRUN_PARTITION``, ``CSRUN_ACCOUNT``).
 
@@ -39,6 +39,8 @@ class SiteConfig:
     """The admin's settings for this cluster (legacy names in brackets)."""
 
     image: str = setting("", "container image (.sif) python-pt runs in; empty: no container [SINGULARITY_IMAGE]")
+    ws_image: str = setting("", "container image (.sif) of the weight-streaming build python-ws runs in; empty: the "
+                                "'image' one (a site whose one image holds both builds)")
     mount_dirs: tuple[str, ...] = setting((), "paths bound into the container, comma-separated in env [MOUNT_DIRS]")
     def_nodes: int = setting(1, "nodes csrun_wse uses when --total-nodes is not given [DEF_NODES]", min=1)
     def_tasks_per_node: int = setting(1, "tasks per node when --tasks-per-node is not given [DEF_TASKS_PER_NODE]", min=1)

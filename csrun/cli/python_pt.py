@@ -14,6 +14,8 @@ container — ``PYTHONPATH``, ``PYTHONHOME``, ``PYTHONSTARTUP``, ``LD_LIBRARY_PA
 ``LD_PRELOAD``, ``LIBRARY_PATH``, ``CPATH``, ``C_INCLUDE_PATH``, ``CPLUS_INCLUDE_PATH``,
 ``PKG_CONFIG_PATH`` — saying which, and warns when the only bind is the current directory.
 
+``python-ws`` (:mod:`csrun.cli.python_ws`) is the same with the weight-streaming build.
+
 Otherwise it runs ARGS with the current Python (``sys.executable``), environment untouched,
 after one notice line saying why (no image configured, or no runtime found).
 
@@ -32,30 +34,15 @@ Exit codes: the command's; 2 for a bad site config; 127 when the program cannot 
 
 from __future__ import annotations
 
-import os
-import sys
-
 from csrun.cli.common import console_entry, run_cli
-from csrun.cluster import cluster_info
-from csrun.launch.container import plan_for_this_task
+from csrun.launch.container import PYTHON_PT, exec_plan, plan_for_this_task
 from csrun.site import load_site_config
 
-PROG = "python-pt"
+PROG = PYTHON_PT.prog
 
 
 def _body(args: list[str]) -> int:
-    site = load_site_config()
-    plan = plan_for_this_task(args, site)
-    if cluster_info().is_chief:
-        for notice in plan.notices:
-            print(notice, file=sys.stderr, flush=True)
-    env = {k: v for k, v in os.environ.items() if k not in plan.unset}
-    try:
-        os.execvpe(plan.argv[0], plan.argv, env)
-    except OSError as exc:
-        print(f"{PROG}: error: cannot run {plan.argv[0]!r}: {exc.strerror}", file=sys.stderr, flush=True)
-        return 127
-    return 0  # not reached: exec replaced this process
+    return exec_plan(plan_for_this_task(args, load_site_config(), PYTHON_PT), PROG)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,12 @@
-"""How python-pt runs a Python command: inside the site's Apptainer/Singularity image, or here.
+"""How python-pt and python-ws run a Python command: inside the site's Apptainer/Singularity image, or here.
 
-Pure decisions and argv building (:func:`container_plan`); :mod:`csrun.cli.python_pt` runs it.
+Pure decisions and argv building (:func:`container_plan`); :func:`exec_plan` runs a plan, for
+:mod:`csrun.cli.python_pt` and :mod:`csrun.cli.python_ws`. The two commands are the two
+:class:`PythonBuild` s of the legacy container: :data:`PYTHON_PT` (the site's ``image``) and
+:data:`PYTHON_WS`, the weight-streaming build (the site's ``ws_image``, else ``image``), which
+also sets ``CSRUN_EXECUTION_STRATEGY=weight_streaming`` for the command
+(:mod:`csrun.program.execution`): in the environment it runs with and, in a container, as
+``--env`` of the runtime too. Binds, ``--nv`` and the variables unset are the same for both.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from csrun.cluster import cluster_info
+from csrun.program.execution import EXECUTION_STRATEGY_ENV, WEIGHT_STREAMING
 from csrun.site import SiteConfig
 
 UNSET_FOR_CONTAINER = (
@@ -27,12 +34,41 @@ CONTAINER_PYTHON = "python3"
 
 
 @dataclass(frozen=True, kw_only=True)
+class PythonBuild:
+    """One of the container's Python commands: its name, its image key, what it sets for the command."""
+
+    prog: str
+    """The command's name (in notices and errors)."""
+    image_keys: tuple[str, ...]
+    """Site config keys naming its image, the first non-empty one wins."""
+    setenv: tuple[tuple[str, str], ...] = ()
+    """Variables set for the command (in the environment, and ``--env`` in a container)."""
+
+    def image(self, site: SiteConfig) -> str:
+        """The image this build runs in ('' for none)."""
+        return next((getattr(site, key) for key in self.image_keys if getattr(site, key)), "")
+
+    def image_setting(self) -> str:
+        """How a notice names the image setting, e.g. ``site 'image' / CSRUN_IMAGE``."""
+        return " or ".join(f"site '{key}' / CSRUN_{key.upper()}" for key in self.image_keys)
+
+
+PYTHON_PT = PythonBuild(prog="python-pt", image_keys=("image",))
+"""``python-pt``: the PyTorch build (pipelined unless the run says otherwise)."""
+PYTHON_WS = PythonBuild(prog="python-ws", image_keys=("ws_image", "image"),
+                        setenv=((EXECUTION_STRATEGY_ENV, WEIGHT_STREAMING),))
+"""``python-ws``: the weight-streaming build; its runs compile in weight-streaming mode."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ContainerPlan:
-    """What python-pt will run, and the notices it prints first."""
+    """What python-pt / python-ws will run, and the notices it prints first."""
 
     argv: list[str]
     unset: tuple[str, ...] = ()
     """Variables to remove from the environment before running argv."""
+    setenv: dict[str, str] = field(default_factory=dict)
+    """Variables to set in the environment before running argv."""
     notices: list[str] = field(default_factory=list)
 
 
@@ -74,35 +110,58 @@ def container_plan(
     gpus: bool,
     cwd: str,
     multi_task: bool = False,
+    build: PythonBuild = PYTHON_PT,
 ) -> ContainerPlan:
-    """The argv for ``python-pt ARGS``: ``RUNTIME exec [--nv] [--bind a,b] IMAGE python3 ARGS``, or this Python.
+    """The argv for ``python-pt ARGS`` (or another ``build``): ``RUNTIME exec [--nv] [--env K=V]
+    [--bind a,b] IMAGE python3 ARGS``, or this Python.
 
     ``multi_task``: the job has several tasks, so ARGS run under :func:`abort_on_failure`.
     """
+    prog, image, setenv = build.prog, build.image(site), dict(build.setenv)
     if multi_task:
         args = abort_on_failure(args)
-    if not site.image or runtime is None:
-        why = "no container image configured (site 'image' / CSRUN_IMAGE)" if not site.image else f"no apptainer or singularity on PATH for image {site.image}"
-        return ContainerPlan(argv=[sys.executable, *args], notices=[f"python-pt: {why}; running {sys.executable}"])
+    if not image or runtime is None:
+        why = (f"no container image configured ({build.image_setting()})" if not image
+               else f"no apptainer or singularity on PATH for image {image}")
+        return ContainerPlan(argv=[sys.executable, *args], setenv=setenv,
+                             notices=[f"{prog}: {why}; running {sys.executable}"])
     notices: list[str] = []
     binds = list(site.mount_dirs)
     if not binds or binds == [cwd]:
-        notices.append(f"python-pt: warning: the only bind is the current directory ({cwd}); add data paths with --mount-dirs or the site's mount_dirs")
+        notices.append(f"{prog}: warning: the only bind is the current directory ({cwd}); add data paths with --mount-dirs or the site's mount_dirs")
     unset = tuple(name for name in UNSET_FOR_CONTAINER if name in environ)
     if unset:
-        notices.append(f"python-pt: unset {', '.join(unset)} for the container")
+        notices.append(f"{prog}: unset {', '.join(unset)} for the container")
     argv = [runtime, "exec"]
     if gpus:
         argv.append("--nv")
+    for name, value in setenv.items():
+        argv += ["--env", f"{name}={value}"]
     if binds:
         argv += ["--bind", ",".join(binds)]
-    argv += [site.image, CONTAINER_PYTHON, *args]
-    return ContainerPlan(argv=argv, unset=unset, notices=notices)
+    argv += [image, CONTAINER_PYTHON, *args]
+    return ContainerPlan(argv=argv, unset=unset, setenv=setenv, notices=notices)
 
 
-def plan_for_this_task(args: list[str], site: SiteConfig) -> ContainerPlan:
+def plan_for_this_task(args: list[str], site: SiteConfig, build: PythonBuild = PYTHON_PT) -> ContainerPlan:
     """:func:`container_plan` for this process: runtime on PATH, GPUs in /dev, the current folder."""
     return container_plan(
         args, site, os.environ, runtime=find_runtime(), gpus=gpus_visible(os.environ), cwd=os.getcwd(),
-        multi_task=cluster_info().num_tasks > 1,
+        multi_task=cluster_info().num_tasks > 1, build=build,
     )
+
+
+def exec_plan(plan: ContainerPlan, prog: str) -> int:
+    """Print the plan's notices (the chief task only), then replace this process with its argv in the
+    environment less ``plan.unset``, plus ``plan.setenv``; 127 (with one line) when it cannot start."""
+    if cluster_info().is_chief:
+        for notice in plan.notices:
+            print(notice, file=sys.stderr, flush=True)
+    env = {k: v for k, v in os.environ.items() if k not in plan.unset}
+    env.update(plan.setenv)
+    try:
+        os.execvpe(plan.argv[0], plan.argv, env)
+    except OSError as exc:
+        print(f"{prog}: error: cannot run {plan.argv[0]!r}: {exc.strerror}", file=sys.stderr, flush=True)
+        return 127
+    return 0  # not reached: exec replaced this process

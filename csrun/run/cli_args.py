@@ -213,14 +213,37 @@ def choose_path(params: Params, environ: Mapping[str, str] | None = None, *,
 
 
 def check_system_rules(params: Params, path: RunPath) -> None:
-    """What the system refused that the CPU allows: ``train_and_eval``; ``grad_accum_steps > 1``
-    when pipelined (weight-streaming mode accepts it, as the system's weight-streaming runs did)."""
+    """What the system refused that the CPU allows, and how it ran what it accepted.
+
+    Refused: ``train_and_eval``; ``grad_accum_steps > 1`` when pipelined ("Gradient Accumulation
+    not supported on CS workflow."). Accepted in weight-streaming mode, as the system's
+    weight-streaming runs accepted gradient accumulation (its compiler split each batch into
+    micro batches and summed their gradients on the way to MemoryX, ``use_cs_grad_accum``): the
+    ``k`` batches of one step are streamed as one batch of ``k x batch_size``, so
+    ``params.train_input.batch_size`` becomes ``k x batch_size`` and ``grad_accum_steps`` 1 (the
+    params are changed in place, ``params_train.yaml`` records what ran, and the chief says so);
+    the compile then picks the micro batch that fits the wafer (the plan's ``micro_batch_size``).
+    The update is the accumulated one (for a loss that is a mean over samples; exact up to float
+    rounding), the samples are the same ones in the same order, and the step's loss is the whole
+    batch's (the CPU path reports its last micro batch's).
+    """
     if path.kind != "system":
         return
-    if params.runconfig.mode == "train_and_eval":
+    rc = params.runconfig
+    if rc.mode == "train_and_eval":
         raise ConfigError("Training with Eval on CS is not currently supported.")
-    if (params.optimizer is not None and params.optimizer.grad_accum_steps > 1
-            and params.runconfig.mode not in ("eval", "eval_all") and params.runconfig.execution_strategy == PIPELINE):
+    opt = params.optimizer
+    if opt is None or opt.grad_accum_steps == 1 or rc.mode in ("eval", "eval_all"):
+        return
+    if rc.execution_strategy == PIPELINE:
         raise ConfigError("Gradient Accumulation not supported on CS workflow.",
                           fix=f"set optimizer.grad_accum_steps to 1, or train in weight-streaming mode (python-ws, or "
                               f"--execution_strategy {WEIGHT_STREAMING}), which accepts it")
+    if params.train_input is None:
+        return
+    k, batch = opt.grad_accum_steps, params.train_input.batch_size
+    params.train_input.batch_size = k * batch
+    opt.grad_accum_steps = 1
+    if cluster_info().is_chief:
+        print(f"weight streaming: grad_accum_steps {k} x batch_size {batch} runs as one batch of {k * batch} a step; "
+              f"the device splits it into micro batches (the compile's plan says how many samples at once)", flush=True)
