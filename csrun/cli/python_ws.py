@@ -35,13 +35,9 @@ from csrun.site import load_site_config
 PROG = PYTHON_WS.prog
 
 
-def _body(args: list[str]) -> int:
-    return exec_plan(plan_for_this_task(args, load_site_config(), PYTHON_WS), PROG)
-
-
 def main(argv: list[str] | None = None) -> int:
     """python-ws's entry point (execs the command; returns only on error)."""
-    return run_cli(PROG, _body, argv)
+    return run_cli(PROG, lambda args: exec_plan(plan_for_this_task(args, load_site_config(), PYTHON_WS), PROG), argv)
 
 
 console_main = console_entry(main)

@@ -10,7 +10,10 @@ Entry points (import from here):
 - :func:`optimizer_spec_from_torch`, :func:`optimizer_spec_from_params`;
 - :func:`check_compile_flags` (``--compile_only`` with ``--validate_only``), :func:`check_batch`,
   :func:`check_dataloader`;
-- :class:`WaferSpec`, :data:`WSE2`; the errors in :mod:`csrun.compiler.errors`.
+- :class:`WaferSpec`, :data:`WSE2`, :class:`MemoryXSpec`, :data:`MEMORYX`; the errors in :mod:`csrun.compiler.errors`;
+- :func:`plan_program` (the plan in the settings' execution strategy: pipelined,
+  :mod:`csrun.compiler.placement`, or weight streaming, :func:`place_streaming` in
+  :mod:`csrun.compiler.streaming`).
 
 The program spec lives in :mod:`csrun.program.spec` (``csrun.compiler.spec`` re-exports it).
 Attributes load lazily, so importing one module does not import torch's exporter.
@@ -26,7 +29,8 @@ _WHERE = {
     "learning_rate_from_torch": "optim", "optimizer_spec_from_params": "optim", "optimizer_spec_from_torch": "optim",
     "CompileSettings": "settings", "settings_from_params": "settings",
     "LossScalingSpec": "spec", "OptimizerSpec": "spec", "ProgramSpec": "spec", "TensorSpec": "spec",
-    "WSE2": "wafer", "WaferSpec": "wafer", "module_with_weights": "cache.program_io",
+    "WSE2": "wafer", "WaferSpec": "wafer", "MEMORYX": "wafer", "MemoryXSpec": "wafer",
+    "plan_program": "flow", "place_streaming": "streaming", "module_with_weights": "cache.program_io",
     "bind_weights": "cache.program_io", "has_weight_values": "cache.program_io",
 }
 

@@ -50,31 +50,27 @@ STREAMING_WHY = ("weight streaming: weights, optimizer state and master copies l
 
 @dataclass(kw_only=True)
 class LayerGroup:
-    """Layers placed together in weight-streaming mode (one decoder block, an embedding, ...)."""
+    """Layers placed together in weight-streaming mode (one decoder block, an embedding, ...).
+
+    ``name`` is the module path prefix (``blocks.3``) or first part (``wte``); ``layers`` its
+    costs; ``params`` (elements), ``weight_bytes`` (float32 parameters and buffers),
+    ``forward_flops`` and ``activation_bytes`` (per sample) are their sums.
+    """
 
     name: str
-    """The group's module path prefix (``blocks.3``) or first part (``wte``)."""
     layers: list[LayerCost] = field(default_factory=list)
+    params: int = 0
+    weight_bytes: float = 0.0
+    forward_flops: float = 0.0
+    activation_bytes: float = 0.0
 
-    @property
-    def params(self) -> int:
-        """Parameter elements of the group."""
-        return sum(c.params for c in self.layers)
-
-    @property
-    def weight_bytes(self) -> float:
-        """Parameter + buffer bytes (float32)."""
-        return float(sum(c.weight_bytes for c in self.layers))
-
-    @property
-    def forward_flops(self) -> float:
-        """Forward FLOP per sample."""
-        return sum(c.forward_flops for c in self.layers)
-
-    @property
-    def activation_bytes(self) -> float:
-        """Activation bytes one sample leaves in the group."""
-        return sum(c.activation_bytes for c in self.layers)
+    def add(self, layer: LayerCost) -> None:
+        """Add one layer and its costs."""
+        self.layers.append(layer)
+        self.params += layer.params
+        self.weight_bytes += layer.weight_bytes
+        self.forward_flops += layer.forward_flops
+        self.activation_bytes += layer.activation_bytes
 
 
 def group_name(layer: str) -> str:
@@ -92,7 +88,7 @@ def layer_groups(costs: list[LayerCost]) -> list[LayerGroup]:
     """The costs' layers grouped by :func:`group_name`, in the order each group is first reached."""
     groups: dict[str, LayerGroup] = {}
     for c in costs:
-        groups.setdefault(group_name(c.name), LayerGroup(name=group_name(c.name))).layers.append(c)
+        groups.setdefault(group_name(c.name), LayerGroup(name=group_name(c.name))).add(c)
     return list(groups.values())
 
 

@@ -52,7 +52,12 @@ params are checked):
 ``--logging LEVEL``                    chief log level (streamers: ``runconfig.streamer_logging``)
 ``--config KEY``                       use one top-level key of the YAML
 ``-c/--compile_dir DIR``               compile output folder (default ``model_dir/cs_<hash>``)
-``--execution_strategy pipeline``      the only strategy here
+``--execution_strategy S``             ``pipeline`` (default) or ``weight_streaming`` (weights in MemoryX,
+                                       streamed onto the wafer one layer group at a time; what
+                                       ``python-ws`` selects through ``CSRUN_EXECUTION_STRATEGY``);
+                                       flag > that variable > ``runconfig.execution_strategy``; changes
+                                       the compile's plan and estimate, not the numerics
+                                       (:mod:`csrun.program.execution`)
 ``--max_steps N``, ``--eval_steps N``  override ``runconfig.max_steps`` / ``eval_steps`` /
 ``--checkpoint_steps N``               ``checkpoint_steps`` (same checks; a bad value is one line
                                        naming the flag, exit 2; ``params_<mode>.yaml`` records the
@@ -69,8 +74,11 @@ params are checked):
 Paths: the **system** when ``cs_ip``, ``--compile_only`` or ``--validate_only`` is set, or when
 launched by ``csrun_wse`` (``CSRUN_LAUNCHER=csrun_wse``) without ``--cpu`` (then the emulator
 runs embedded in the chief); otherwise the **CPU** (eager PyTorch with the device's schedule
-and clipping). The system refuses ``train_and_eval`` and ``grad_accum_steps > 1`` ("Gradient
-Accumulation not supported on CS workflow."). Environment read: ``CS_IP``, ``CSRUN_LAUNCHER``
+and clipping). The system refuses ``train_and_eval``, and ``grad_accum_steps > 1`` when pipelined
+("Gradient Accumulation not supported on CS workflow."); in weight-streaming mode it accepts it, as
+the system's weight streaming did: the step's batches run as one batch that the device splits
+into micro batches (:func:`csrun.run.cli_args.check_system_rules`). Environment read: ``CS_IP``,
+``CSRUN_EXECUTION_STRATEGY``, ``CSRUN_LAUNCHER``
 (and what :mod:`csrun.torch` and :mod:`csrun.cluster` read; the embedded emulator reads
 ``CSRUN_HALF_EMULATION``: ``rounding``, the CPU default, or ``autocast``, see
 :mod:`csrun.emulator.half_emulation`; a remote one ``CSRUN_CONNECT_TIMEOUT``, seconds to keep

@@ -7,22 +7,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-import torch
 import yaml
 
 from tests.conftest import REPO
+from tests.run.conftest import _one_thread  # noqa: F401 - the autouse fixture: one torch thread
 
 GPT = REPO / "models" / "gpt2"
 GPT3_DEBUG = REPO / "configs" / "gpt3_debug.yaml"
 GPT3_XL = REPO / "configs" / "gpt3_xl.yaml"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: threads only contend
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture()
