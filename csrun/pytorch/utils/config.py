@@ -22,11 +22,11 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from csrun.errors import UserError
+from csrun.errors import ConfigError
 
-
-class CSConfigError(UserError):
-    """A CSConfig field csrun cannot honour."""
+#: A CSConfig field csrun cannot honour: the one :class:`csrun.errors.ConfigError` (exit 2)
+#: under the name cstorch scripts catch.
+CSConfigError = ConfigError
 
 
 _FIXES: dict[str, str] = {
