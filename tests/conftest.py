@@ -68,7 +68,7 @@ def no_slurm_env(tmp_path: Path) -> dict[str, str]:
     """An environment with no Slurm commands on PATH (only the venv and core system tools)."""
     tools = tmp_path / "tools"
     tools.mkdir()
-    for name in ("bash", "env", "true", "false", "sleep", "cat", "python3"):
+    for name in ("bash", "env", "true", "false", "sleep", "cat", "python3", "readlink", "dirname"):
         for folder in ("/usr/bin", "/bin"):
             if os.path.exists(f"{folder}/{name}"):
                 os.symlink(f"{folder}/{name}", tools / name)

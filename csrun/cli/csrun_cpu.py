@@ -34,9 +34,13 @@ Options:
     the job id and the log folder and returns at once.
 ``--wait``
     With ``--use-sbatch``: block until the job ends and exit with the command's exit code.
-``--time LIMIT``, ``--job-name NAME``, ``--log-dir DIR`` (default ``csrun_logs``)
-    With ``--use-sbatch``: time limit (none by default), job name, and where logs go
-    (``DIR/<job id>/``).
+``--log-dir DIR``
+    The command's output also goes to ``DIR/<job>-0.log`` (``<job>``: the Slurm job id, or
+    ``local-<pid>``), through the task wrapper (:mod:`csrun.launch.task_log`); the console
+    keeps it too. With ``--use-sbatch`` the job's logs go to ``DIR/<job id>/`` (``csrun_logs``
+    when not given).
+``--time LIMIT``, ``--job-name NAME``
+    With ``--use-sbatch``: time limit (none by default), job name.
 ``--def_nodes``, ``--def_tasks``, ``--def_cpus``, ``--singularity``, ``--def_mount_dirs``, ``--def_gres``, ``--def_gres_node``
     Print that site setting and exit.
 ``--version``
@@ -51,7 +55,8 @@ Environment read: the site config (``CSRUN_SITE_CONFIG`` and ``CSRUN_*`` overrid
 :mod:`csrun.site`), ``CSRUN_SLURM_PROBE_TIMEOUT``. Environment set for the command: the
 contract in :mod:`csrun.launch.environment` (``CSRUN_LAUNCHER=csrun_cpu``,
 ``CSRUN_LAUNCH_MODE``, ``CSRUN_TOTAL_TASKS``, ``CSRUN_TOTAL_NODES`` and the site's
-``CSRUN_*``); ``CS_IP`` passes through.
+``CSRUN_*``; with ``--log-dir`` ``CSRUN_TASK_LOG_DIR`` and, off Slurm, ``CSRUN_JOB_LABEL``);
+``CS_IP`` passes through.
 
 Exit codes: the command's; 2 for a bad option, value or site config; 1 when the launch fails.
 """
@@ -64,9 +69,11 @@ from csrun.cli.common import console_entry, run_cli, say, show_and_run, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch import sbatch
 from csrun.launch.environment import legacy_imports_environment, task_environment
-from csrun.launch.options import SITE_QUERIES, CpuOptions, help_text, parse_args
+from csrun.launch.options import SBATCH_LOG_DIR, SITE_QUERIES, CpuOptions, help_text, parse_args
 from csrun.launch.slurm_probe import probe_slurm
 from csrun.launch.srun import cpu_srun_argv
+from csrun.launch.supervisor import task_command
+from csrun.launch.task_log import task_log_environment
 from csrun.site import load_site_config
 
 PROG = "csrun_cpu"
@@ -101,13 +108,17 @@ def _body(argv: list[str]) -> int:
     )
     if opts.legacy_imports:
         env.update(legacy_imports_environment(env))
+    command = list(parsed.command)
+    if opts.log_dir and not opts.dry_run:
+        env.update(task_log_environment(opts.log_dir, slurm=use_slurm))
+        command = task_command(command)
 
     if opts.use_sbatch:
         if opts.dry_run:
-            say(f"Submitting: {shown(parsed.command)} (sbatch via submitit, one exclusive node)")
+            say(f"Submitting: {shown(command)} (sbatch via submitit, one exclusive node)")
             return 0
         sub = sbatch.submit(
-            parsed.command, env, site, job_name=opts.job_name or PROG, log_dir=opts.log_dir,
+            command, env, site, job_name=opts.job_name or PROG, log_dir=opts.log_dir or SBATCH_LOG_DIR,
             time=opts.time, exclude_gres=opts.exclude_gres,
         )
         say(f"Submitted batch job {sub.job_id}; logs in {sub.log_folder}")
@@ -115,9 +126,9 @@ def _body(argv: list[str]) -> int:
 
     if use_slurm:
         pty = sys.stdin.isatty() and sys.stdout.isatty()
-        line = cpu_srun_argv(parsed.command, site, exclude_gres=opts.exclude_gres, pty=pty)
+        line = cpu_srun_argv(command, site, exclude_gres=opts.exclude_gres, pty=pty)
     else:
-        line = list(parsed.command)
+        line = command
     return show_and_run("Running", line, env, echo=opts.logging, dry_run=opts.dry_run)
 
 

@@ -53,8 +53,14 @@ word that is not an option):
     With ``--dry-run`` prints the script.
 ``--wait``
     With ``--use-sbatch``: block until the job ends and exit with its exit code.
-``--time LIMIT``, ``--job-name NAME``, ``--log-dir DIR`` (default ``csrun_logs``)
-    With ``--use-sbatch``: time limit (none by default), job name, log folder.
+``--log-dir DIR``
+    One log file per task, ``DIR/<job>-<rank>.log`` (``<job>``: the Slurm job id, or
+    ``local-<pid>`` under mpiexec): every task's stdout and stderr go into its own file, the
+    console keeps the chief's (rank 0), and a failed task's line names its file (see
+    :mod:`csrun.launch.task_log`). With ``--use-sbatch`` the job's own logs go to
+    ``DIR/<job id>/`` (``csrun_logs`` when not given; per-task files only when given).
+``--time LIMIT``, ``--job-name NAME``
+    With ``--use-sbatch``: time limit (none by default), job name.
 ``--preempt-lead SECONDS`` (default 90)
     With ``--use-sbatch``: the job asks for SIGUSR1 that long before its time limit
     (``--signal=B:USR1@SECONDS``, ``--requeue``); the runner then checkpoints and stops, the
@@ -73,7 +79,8 @@ mpich wheel, else the first on PATH), with the same environment contract.
 Environment read: the site config (``CSRUN_SITE_CONFIG``, ``CSRUN_*``),
 ``CSRUN_SLURM_PROBE_TIMEOUT``. Environment set for every task: :mod:`csrun.launch.environment`
 (``CSRUN_LAUNCHER=csrun_wse``, ``CSRUN_LAUNCH_MODE``, ``CSRUN_TOTAL_TASKS``,
-``CSRUN_TOTAL_NODES``, the site's ``CSRUN_*``); ``CS_IP`` passes through.
+``CSRUN_TOTAL_NODES``, the site's ``CSRUN_*``; with ``--log-dir`` ``CSRUN_TASK_LOG_DIR`` and,
+under mpiexec, ``CSRUN_JOB_LABEL``); ``CS_IP`` passes through.
 
 Every task runs under ``python -m csrun.launch.task`` (which reports how its command ended) and
 the step is supervised (:mod:`csrun.launch.supervisor`): when any task exits non-zero — before
@@ -99,10 +106,11 @@ from csrun.errors import LaunchError, UsageError
 from csrun.launch.environment import legacy_imports_environment, task_environment
 from csrun.launch.hetjob import hetjob_script, submit_hetjob, wait_for_hetjob
 from csrun.launch.layout import resolve_tasks_and_cpus, wse_layout
-from csrun.launch.options import SITE_QUERIES, WseOptions, help_text, parse_args
+from csrun.launch.options import SBATCH_LOG_DIR, SITE_QUERIES, WseOptions, help_text, parse_args
 from csrun.launch.slurm_probe import node_cpus, probe_slurm
 from csrun.launch.srun import mpiexec_argv, wse_srun_argv
 from csrun.launch.supervisor import make_state_dir, supervise, task_command
+from csrun.launch.task_log import task_log_environment
 from csrun.site import load_site_config
 
 PROG = "csrun_wse"
@@ -153,13 +161,15 @@ def _body(argv: list[str]) -> int:
     )
     if opts.legacy_imports:
         env.update(legacy_imports_environment(env))
+    if opts.log_dir and not opts.dry_run:
+        env.update(task_log_environment(opts.log_dir, slurm=use_slurm))
     command = list(parsed.command)
     if opts.emulator:
         env["CSRUN_EMULATOR_TOKEN"] = secrets.token_urlsafe(32)
         env.pop("CS_IP", None)
         command = [sys.executable, "-m", "csrun.launch.job_emulator", "--device", opts.emulator, "--", *command]
     if opts.use_sbatch:
-        log_dir = Path(opts.log_dir).resolve()
+        log_dir = Path(opts.log_dir or SBATCH_LOG_DIR).resolve()
         script = hetjob_script(command, layout, site, job_name=opts.job_name or PROG, log_dir=log_dir, time=opts.time, cwd=os.getcwd(), preempt_lead=opts.preempt_lead)
         if opts.dry_run:
             say(script)

@@ -27,6 +27,8 @@ from csrun.errors import ConfigError, UsageError
 from csrun.site import SiteConfig
 from csrun.typed_config import field_doc, from_text, setting
 
+SBATCH_LOG_DIR = "csrun_logs"
+"""Where ``--use-sbatch`` puts the job's logs when ``--log-dir`` is not given."""
 DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
 """A device name: what an option with an optional value accepts."""
 OPTIONAL_VALUE = re.compile(rf"^({DEVICE_PATTERN})$")
@@ -56,7 +58,8 @@ class CommonOptions:
     wait: bool = _opt(False, "with --use-sbatch: block until the job ends and exit with its exit code", flag=True)
     time: str = _opt("", "with --use-sbatch: the job's time limit (Slurm format, e.g. 30 or 01:00:00)")
     job_name: str = _opt("", "with --use-sbatch: the job's name (default: csrun_cpu / csrun_wse)")
-    log_dir: str = _opt("csrun_logs", "with --use-sbatch: folder for the job's logs (one sub-folder per job id)")
+    log_dir: str = _opt("", "one log file per task, DIR/<job>-<rank>.log (the console keeps the chief's); with "
+                            "--use-sbatch also the job's logs, DIR/<job id>/ (default there: csrun_logs)")
     legacy_imports: bool = _opt(False, "let the job's unchanged R1.x scripts import cerebras.framework.torch "
                                        "(and ...core.cb_model): they resolve to csrun.torch for this job only", flag=True)
 

@@ -16,9 +16,15 @@ import ctypes
 import signal
 import subprocess
 import sys
+import threading
 from typing import Callable, Sequence
 
+from csrun.errors import UserError
+from csrun.launch.task_log import TaskLog, unbuffered
+
 PR_SET_PDEATHSIG = 1
+PUMP_DRAIN_S = 2.0
+"""How long :func:`run_child` waits, after the child ended, for its last logged lines."""
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
@@ -33,7 +39,6 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
 
     return preexec
 
-from csrun.errors import UserError
 
 
 def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
@@ -57,14 +62,31 @@ def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | N
 
 
 def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False,
-              parent_death: int = signal.SIGTERM) -> int:
+              parent_death: int = signal.SIGTERM, log: TaskLog | None = None, log_header: str = "") -> int:
     """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 on to it; its exit code (128+N for signal N).
 
     ``keep_fds``: the child inherits every open file descriptor (an MPI task needs the PMI
     socket srun gave this process, named by ``PMI_FD``). ``parent_death``: the signal the child
-    gets if this process dies first.
+    gets if this process dies first. ``log``: the child's stdout and stderr go through pipes
+    into that file (and onto this process's own when it echoes; :mod:`csrun.launch.task_log`),
+    the file starting with ``log_header``; a file that cannot be opened is said in one line on
+    stderr and the output goes straight through.
     """
-    child = subprocess.Popen(list(argv), env=env, close_fds=not keep_fds, preexec_fn=die_with_parent(parent_death))
+    log_file = None
+    if log is not None:
+        try:
+            log_file = log.open(log_header)
+        except OSError as exc:
+            print(f"csrun: cannot write the task log {log.path}: {exc.strerror or exc}; output goes to the console only",
+                  file=sys.stderr, flush=True)
+    piped = subprocess.PIPE if log_file is not None else None
+    child = subprocess.Popen(list(argv), env=unbuffered(env) if piped else env, close_fds=not keep_fds,
+                             preexec_fn=die_with_parent(parent_death), stdout=piped, stderr=piped)
+    pumps = []
+    if log is not None and log_file is not None and child.stdout is not None and child.stderr is not None:
+        lock = threading.Lock()
+        pumps = [log.pump(child.stdout, log_file, sys.stdout.buffer if log.echo else None, lock),
+                 log.pump(child.stderr, log_file, sys.stderr.buffer if log.echo else None, lock)]
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
     previous = {s: signal.getsignal(s) for s in forwarded}
 
@@ -81,4 +103,8 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = Fals
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        for pump in pumps:  # a grandchild may hold the pipe open: bounded wait
+            pump.join(timeout=PUMP_DRAIN_S)
+        if log_file is not None:
+            log_file.close()
     return 128 - code if code < 0 else code

@@ -40,6 +40,7 @@ from typing import Sequence
 
 from csrun.launch.process import die_with_parent
 from csrun.launch.task import STATE_ENV
+from csrun.launch.task_log import LOG_DIR_ENV, find_task_log
 
 GRACE_S = 2.0
 """Seconds the step gets to end by itself after a task failed, before it is terminated."""
@@ -131,6 +132,13 @@ def clean_shm(since: float, before: set[str]) -> list[str]:
     return removed
 
 
+def _log_hint(env: dict[str, str], rank: int) -> str:
+    """`` (its output: PATH)`` when the tasks write per-task log files, else ''."""
+    folder = env.get(LOG_DIR_ENV, "")
+    found = find_task_log(folder, rank) if folder else None
+    return f" (its output: {found})" if found is not None else ""
+
+
 def supervise(line: Sequence[str], env: dict[str, str], state_dir: str, prog: str) -> int:
     """Run the step ``line`` (whose tasks run under :func:`task_command` with ``CSRUN_JOB_STATE``
     = ``state_dir``) to its end or to the first failed task; the job's exit code (module manual)."""
@@ -162,7 +170,7 @@ def supervise(line: Sequence[str], env: dict[str, str], state_dir: str, prog: st
                 if bad:
                     failed, failed_at = bad[0], time.monotonic()
                     print(f"{prog}: task rank {failed.rank} on {failed.node or '?'} exited with code {failed.code}; "
-                          f"ending the job", file=sys.stderr, flush=True)
+                          f"ending the job{_log_hint(env, failed.rank)}", file=sys.stderr, flush=True)
             elif not terminated_at and time.monotonic() - failed_at > GRACE_S:
                 _signal_group(child.pid, signal.SIGTERM)
                 terminated_at = time.monotonic()
@@ -179,8 +187,8 @@ def supervise(line: Sequence[str], env: dict[str, str], state_dir: str, prog: st
         if failed is None:
             failed = next((e for e in read_exits(state_dir) if e.code != 0), None)
             if failed is not None:
-                print(f"{prog}: task rank {failed.rank} on {failed.node or '?'} exited with code {failed.code}",
-                      file=sys.stderr, flush=True)
+                print(f"{prog}: task rank {failed.rank} on {failed.node or '?'} exited with code {failed.code}"
+                      f"{_log_hint(env, failed.rank)}", file=sys.stderr, flush=True)
         shutil.rmtree(state_dir, ignore_errors=True)
     if failed is not None:
         return failed.code

@@ -7,21 +7,25 @@ writes ``exit.<rank>`` into the job's state folder: ``<exit code> <node>``, the 
 COMMAND's own (128+N when a signal N ended it). The launcher's supervisor
 (:mod:`csrun.launch.supervisor`) watches that folder and ends the whole job as soon as a task
 reports a non-zero code, naming the rank, the node and the code. The wrapper's exit code is
-COMMAND's.
+COMMAND's. With ``CSRUN_TASK_LOG_DIR`` set (``--log-dir``), COMMAND's output is copied into
+the task's own log file and, on the chief only, onto the console (:mod:`csrun.launch.task_log`).
 
-Environment read: ``CSRUN_JOB_STATE`` (the state folder; without it nothing is written) and
-the rank variables of :mod:`csrun.cluster`. It imports neither torch nor MPI.
+Environment read: ``CSRUN_JOB_STATE`` (the state folder; without it nothing is written),
+``CSRUN_TASK_LOG_DIR`` / ``CSRUN_JOB_LABEL`` (the per-task log files) and the rank variables
+of :mod:`csrun.cluster`. It imports neither torch nor MPI.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from csrun.cluster import cluster_info
 from csrun.errors import UsageError
 from csrun.launch.process import run_child, run_cli
+from csrun.launch.task_log import task_log_for
 
 PROG = "csrun_wse (task)"
 STATE_ENV = "CSRUN_JOB_STATE"
@@ -46,8 +50,11 @@ def _body(argv: list[str]) -> int:
         raise UsageError("no command given after --")
     info = cluster_info()
     code = 1
+    log = task_log_for(os.environ, info.rank)
+    shown = shlex.join(command).replace("\n", "\\n")
+    header = f"csrun task rank {info.rank} on {info.node_name}, attempt {info.restart_count}: {shown}"
     try:
-        code = run_child(command, dict(os.environ), keep_fds=True, parent_death=9)
+        code = run_child(command, dict(os.environ), keep_fds=True, parent_death=9, log=log, log_header=header)
     except FileNotFoundError:
         print(f"{PROG}: error: command not found: {command[0]!r}", file=sys.stderr, flush=True)
         code = 127

@@ -19,6 +19,7 @@ from csrun.emulator.errors import DeviceError
 from csrun.errors import EnvironmentFailure, UserError, describe_os_error, os_error_in
 from csrun.run import cli_args, loops
 from csrun.run.checkpoints import CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint
+from csrun.run.logs import flush_console, setup_logging
 from csrun.run.params import InputConfig, ModelConfig, Params
 from csrun.run.performance import performance_doc, write_performance
 from csrun.run.preemption import (Preempted, Preemption, account_preemption, ask_to_requeue, clear_idle_preemptions,
@@ -35,23 +36,9 @@ EVAL_MODES = ("eval", "eval_all")
 """Modes that only evaluate (no optimizer, the eval input)."""
 
 
-def _setup_logging(level: str) -> None:
-    """csrun's records (logger ``csrun.run``) on stdout at ``level``, each naming the task:
-    ``INFO [chief 0 @ node]: ...`` (the root logger is not touched)."""
-    info = cluster_info()
-    role = "chief" if info.is_chief else "streamer"
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(f"%(levelname)s [{role} {info.rank} @ {info.node_name}]: %(message)s"))
-    lg = logging.getLogger("csrun.run")
-    lg.handlers[:] = [handler]
-    lg.setLevel(level.upper())
-    lg.propagate = False
-
-
 def _say(text: str) -> None:
     log.info(text)
-    for h in log.handlers:
-        h.flush()
+    flush_console()
 
 
 def set_threads(environ: Any = None) -> None:
@@ -216,7 +203,7 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
          eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> int:
     rc = params.runconfig
     is_chief = cbtorch.is_master_ordinal()
-    _setup_logging(rc.logging if is_chief else rc.streamer_logging)
+    setup_logging(rc.logging if is_chief else rc.streamer_logging)
     mode = rc.mode
     try:
         settings = settings_from_params(params.to_dict(), mode="eval" if mode == "eval_all" else mode)

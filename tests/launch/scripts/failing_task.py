@@ -3,7 +3,7 @@
 Phases: ``before`` (sys.exit before csrun or MPI is imported), ``stream`` (os._exit while the
 task's DataLoader makes batch 5: a streamer dies mid-stream, or a lone chief mid-step), ``step``
 (sys.exit in the chief's loop at step 3), ``atexit`` (os._exit in an exit hook after the job's
-work), ``none``. ``STEP_SLEEP`` seconds between steps (default 0.01).
+work), ``none``. Every task prints ``rank N starting``; the chief ``rank 0 done`` at the end. ``STEP_SLEEP`` seconds between steps (default 0.01).
 """
 
 import atexit
@@ -39,6 +39,7 @@ class Data(Dataset):
 if mine and phase == "atexit":
     atexit.register(lambda: os._exit(int(code)))
 cbtorch.initialize(None)
+print(f"rank {rank} starting", flush=True)  # every task (a streamer's body never runs: it ends in Session)
 loader = cbtorch.dataloader(DataLoader(Data(), batch_size=8, drop_last=True))
 pause = float(os.environ.get("STEP_SLEEP", "0.01"))
 with cbtorch.Session(loader):
