@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "csrun"
 
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("typed_config", "address"),
+    ("typed_config", "address", "help_style"),
     ("cluster", "site", "program", "data"),
     ("stream", "compiler", "launch"),
     ("emulator",),

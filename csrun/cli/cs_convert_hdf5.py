@@ -59,53 +59,58 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import NoReturn
 
 import csrun
 from csrun.cli.common import console_entry, run_cli, say
 from csrun.data.convert import ConvertConfig, convert
 from csrun.data.formats import FORMATS
-from csrun.errors import UsageError
+from csrun.help_style import Parser
 
 PROG = "cs_convert_hdf5"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+EPILOG = ("Output: shard_00000.h5, ..., vocab.txt and metadata.json, written to a hidden staging folder and moved\n"
+          "into place only when complete. Exit codes: 0 done; 2 bad flag or input (naming the value); 130 interrupted.\n"
+          "The manual: python -m pydoc csrun.cli.cs_convert_hdf5")
 
 
 def _parser() -> argparse.ArgumentParser:
     defaults = ConvertConfig(inputs=(), output_dir=Path("."))
-    p = _Parser(prog=PROG, description="Turn text into tokenized HDF5 shards (see the module manual).")
+    p = Parser(PROG, "Turn text into tokenized HDF5 shards for the HDF5 input processors.",
+               usage="--input FILE_OR_GLOB ... --output_dir DIR [options]", epilog=EPILOG)
     p.add_argument("--input", dest="inputs", action="extend", nargs="+", required=True,
-                   metavar="FILE_OR_GLOB", help="text files or globs; repeatable")
-    p.add_argument("--output_dir", required=True, type=Path, help="where the data set goes")
-    p.add_argument("--format", choices=list(FORMATS), default=defaults.format)
-    p.add_argument("--max_seq_length", type=int, default=defaults.max_seq_length)
-    p.add_argument("--max_predictions_per_seq", type=int, default=defaults.max_predictions_per_seq)
-    p.add_argument("--masked_lm_prob", type=float, default=defaults.masked_lm_prob)
-    p.add_argument("--short_seq_prob", type=float, default=defaults.short_seq_prob)
-    p.add_argument("--dupe_factor", type=int, default=defaults.dupe_factor)
-    p.add_argument("--samples_per_shard", type=int, default=defaults.samples_per_shard)
-    p.add_argument("--vocab_file", type=Path, default=None)
-    p.add_argument("--vocab_size", type=int, default=defaults.vocab_size)
-    p.add_argument("--min_frequency", type=int, default=defaults.min_frequency)
-    p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=defaults.lowercase)
+                   metavar="FILE_OR_GLOB", help="text files or globs (quote globs); repeatable")
+    p.add_argument("--output_dir", required=True, type=Path, metavar="DIR",
+                   help="where the data set goes; created if missing, must be empty unless --overwrite")
+    p.add_argument("--format", choices=list(FORMATS), default=defaults.format,
+                   help="mlm_nsp: BERT masked-LM + next-sentence samples; causal_lm: packed windows, labels shifted by one")
+    p.add_argument("--max_seq_length", type=int, default=defaults.max_seq_length, metavar="N",
+                   help="tokens per sample, specials included (at least 5 for mlm_nsp, 2 for causal_lm)")
+    p.add_argument("--max_predictions_per_seq", type=int, default=defaults.max_predictions_per_seq, metavar="N",
+                   help="masked positions per sample (mlm_nsp; at most max_seq_length - 3)")
+    p.add_argument("--masked_lm_prob", type=float, default=defaults.masked_lm_prob, metavar="P",
+                   help="fraction of tokens masked, in (0, 1] (mlm_nsp)")
+    p.add_argument("--short_seq_prob", type=float, default=defaults.short_seq_prob, metavar="P",
+                   help="probability of a shorter sample, in [0, 1] (mlm_nsp)")
+    p.add_argument("--dupe_factor", type=int, default=defaults.dupe_factor, metavar="N",
+                   help="passes over the input, each masked and paired differently (mlm_nsp)")
+    p.add_argument("--samples_per_shard", type=int, default=defaults.samples_per_shard, metavar="N",
+                   help="samples per shard_NNNNN.h5 (the last may hold fewer)")
+    p.add_argument("--vocab_file", type=Path, default=None, metavar="FILE",
+                   help="a BERT WordPiece vocab.txt; without it one is trained on the input")
+    p.add_argument("--vocab_size", type=int, default=defaults.vocab_size, metavar="N",
+                   help="largest trained vocabulary (at least 16)")
+    p.add_argument("--min_frequency", type=int, default=defaults.min_frequency, metavar="N",
+                   help="fewest occurrences for a trained merge")
+    p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=defaults.lowercase,
+                   help="lowercase and strip accents, as uncased BERT")
+    p.add_argument("--seed", type=int, default=defaults.seed, metavar="N", help="seed of sentence pairs and masks")
+    p.add_argument("--overwrite", action="store_true", help="replace the data set in a non-empty --output_dir")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--version", action="version", version=f"{PROG} (csrun {csrun.__version__})",
                    help="print the version and exit")
-    p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--quiet", action="store_true")
     return p
 
 
 def _body(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return 0
     args = _parser().parse_args(argv)
     config = ConvertConfig(inputs=tuple(args.inputs), output_dir=args.output_dir, format=args.format,
                            max_seq_length=args.max_seq_length,

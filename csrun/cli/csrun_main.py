@@ -17,25 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import csrun
 from csrun.cli.common import console_entry
+from csrun.help_style import Parser
 from csrun.launch.process import run_cli
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        print(f"csrun: {message} (see csrun --help)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line of ``csrun``."""
-    p = _Parser(prog="csrun", description="csrun's umbrella command.")
-    p.add_argument("--version", action="version", version=f"csrun {csrun.__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    env = sub.add_parser("env", help="print the environment report (paste it into bug reports)")
+    p = Parser("csrun", "csrun's umbrella command.", usage="[options] COMMAND [ARGS...]")
+    p.add_argument("--version", action="version", version=f"csrun {csrun.__version__}", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", prog="csrun")
+    env = sub.add_parser("env", help="print the environment report (paste it into bug reports)",
+                         description="Print the environment report (paste it into bug reports).")
     env.add_argument("--json", action="store_true", help="one JSON object instead of text")
     return p
 

@@ -103,33 +103,38 @@ from csrun.emulator.auth_token import (
 )
 from csrun.emulator.guard import GuardLimits
 from csrun.errors import UsageError, UserError
+from csrun.help_style import Parser
 
 PROG = "cs_emulator"
 
 
 def _parser() -> argparse.ArgumentParser:
     d = wire.Limits()
-    p = argparse.ArgumentParser(prog=PROG, description="Serve the wafer emulator over TCP (see the module docstring).")
-    p.add_argument("--listen", default="127.0.0.1:9000", help="HOST:PORT to listen on (default 127.0.0.1:9000)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:I (default cpu)")
-    p.add_argument("--token-file", default=DEFAULT_TOKEN_FILE, help=f"token file (default {DEFAULT_TOKEN_FILE})")
+    p = Parser(PROG, "Serve the wafer emulator over TCP: clients reach it with --cs_ip HOST:PORT and its token.",
+               epilog="The manual (token, TLS, limits, environment): python -m pydoc csrun.emulator.cli")
+    p.add_argument("--listen", default="127.0.0.1:9000", metavar="HOST:PORT", help="where to listen (port 0: any free port)")
+    p.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu, cuda or cuda:I")
+    p.add_argument("--token-file", default=DEFAULT_TOKEN_FILE, metavar="FILE",
+                   help=f"the token; written (mode 0600) when missing and {TOKEN_ENV} is unset")
     p.add_argument("--allow-weak-token", action="store_true", help="serve with a short or repetitive token")
-    p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
-    p.add_argument("--tls-key", help="PEM private key of --tls-cert (mode 0600)")
+    p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve TLS (with --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (mode 0600)")
     g = GuardLimits()
     p.add_argument("--hello-deadline", "--hello-timeout", dest="hello_deadline", type=float, default=g.hello_deadline,
-                   help=f"seconds for a connection's whole hello (default {g.hello_deadline:g})")
-    p.add_argument("--max-pending", type=int, default=g.max_pending,
-                   help=f"connections waiting to authenticate (default {g.max_pending})")
-    p.add_argument("--idle-limit", type=float, default=g.idle_limit,
-                   help=f"seconds the holder may keep the server waiting; 0: none (default {g.idle_limit:g})")
-    p.add_argument("--queue-depth", type=int, default=2, help="steps queued ahead (default 2)")
-    p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes)
-    p.add_argument("--max-tensors", type=int, default=d.max_tensors)
-    p.add_argument("--max-tensor-bytes", type=int, default=d.max_tensor_bytes)
-    p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes)
-    p.add_argument("--max-program-bytes", type=int, default=d.max_program_bytes)
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+                   metavar="SECONDS", help="seconds for a connection's whole hello")
+    p.add_argument("--max-pending", type=int, default=g.max_pending, metavar="N",
+                   help="connections waiting to authenticate")
+    p.add_argument("--idle-limit", type=float, default=g.idle_limit, metavar="SECONDS",
+                   help="seconds the holder may keep the server waiting; 0: none")
+    p.add_argument("--queue-depth", type=int, default=2, metavar="N", help="steps queued ahead")
+    p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes, metavar="N",
+                   help="largest message header a client may send")
+    p.add_argument("--max-tensors", type=int, default=d.max_tensors, metavar="N", help="most tensors in one message")
+    p.add_argument("--max-tensor-bytes", type=int, default=d.max_tensor_bytes, metavar="N", help="largest tensor")
+    p.add_argument("--max-frame-bytes", type=int, default=d.max_frame_bytes, metavar="N", help="largest message")
+    p.add_argument("--max-program-bytes", type=int, default=d.max_program_bytes, metavar="N",
+                   help="largest compiled program a client may upload")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"), help="server log level")
     p.add_argument("--version", action="version", version=f"{PROG} (csrun {csrun.__version__})",
                    help="print the version and exit")
     return p
@@ -162,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     from csrun.address import parse_address
     from csrun.emulator.server import EmulatorServer
 
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s cs_emulator %(levelname)s %(message)s")
     try:

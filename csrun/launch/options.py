@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from csrun.errors import ConfigError, UsageError
+from csrun.help_style import HELP_LINE, help_header, option_line
 from csrun.site import SiteConfig
 from csrun.typed_config import field_doc, from_text, setting
 
@@ -119,19 +120,13 @@ def _spelling(name: str) -> str:
 
 def help_text(prog: str, cls: type[CommonOptions], summary: str) -> str:
     """The ``--help`` text: usage, every option with its default (shown once), and the site queries."""
-    lines = [f"usage: {prog} [options] COMMAND [ARGS...]", "", summary, "", "options (dash or underscore spelling; --opt val or --opt=val):"]
+    lines = help_header(prog, "[options] COMMAND [ARGS...]", summary,
+                        "options (dash or underscore spelling; --opt val or --opt=val):")
     for f in dataclasses.fields(cls):
-        value = "" if f.metadata["flag"] else (" [VALUE]" if f.metadata.get("optional") else " VALUE")
-        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
-        text = field_doc(f)
-        # each default once: flags are off unless given; a doc that states its default keeps it;
-        # an empty or unset value says "none"
-        if f.metadata["flag"] or "default" in text:
-            lines.append(f"  {_spelling(f.name)}{value}  {text}")
-        else:
-            shown = "none" if default in ("", None) else repr(default)
-            lines.append(f"  {_spelling(f.name)}{value}  {text} (default: {shown})")
-    lines.append("  -h, --help  show this help and exit")
+        flag = bool(f.metadata["flag"])
+        value = "" if flag else ("[VALUE]" if f.metadata.get("optional") else "VALUE")
+        lines.append(option_line(_spelling(f.name), value, field_doc(f), f.default, flag=flag))
+    lines.append(HELP_LINE)
     lines.append("site queries (print one site setting and exit): " + " ".join("--" + q for q in SITE_QUERIES))
     return "\n".join(lines)
 

@@ -53,6 +53,11 @@ def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | N
         return 0
     try:
         return body(args)
+    except SystemExit as exc:  # argparse's --help / --version, or the body's own exit: its code
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr, flush=True)  # sys.exit("message"), as Python would show it
+        return 1
     except UserError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

@@ -23,6 +23,7 @@ from typing import Any, Literal, Mapping, Sequence
 import csrun
 from csrun.address import AddressError, parse_address
 from csrun.cluster import ClusterInfo, cluster_info
+from csrun.help_style import Parser
 from csrun.driver import run_path
 from csrun.driver.run_path import EMBEDDED, RunFlags
 from csrun.program.execution import EXECUTION_STRATEGIES, EXECUTION_STRATEGY_ENV, PIPELINE, WEIGHT_STREAMING
@@ -49,8 +50,9 @@ def build_parser(prog: str = "run.py", parents: Sequence[argparse.ArgumentParser
             raise ConfigError(f"extra_args_parser_fn: must return an argparse.ArgumentParser (add_help=False) or a "
                               f"list of them, got {type(parent).__name__}")
     try:
-        p = argparse.ArgumentParser(prog=prog, description="Train or evaluate a model-zoo model on the CPU or the "
-                                    "system.", parents=list(parents))
+        p = Parser(prog, "Train or evaluate a model-zoo model on the CPU or the system.",
+                   usage="--params FILE --mode MODE [options]", parents=parents,
+                   epilog="The manual (paths, YAML keys, environment): python -m pydoc csrun.run")
         _add_run_flags(p, prog)
     except argparse.ArgumentError as exc:  # a model's flag that run.py (or -h) already has
         raise ConfigError(f"extra_args_parser_fn: {exc}: a model's parser needs add_help=False and flags run.py "
@@ -60,32 +62,37 @@ def build_parser(prog: str = "run.py", parents: Sequence[argparse.ArgumentParser
 
 def _add_run_flags(p: argparse.ArgumentParser, prog: str) -> None:
     p.add_argument("-cs", "--cs_ip", default=None,
-                   help="system address HOST[:PORT] (:9000 added when no port), or 'embedded'; default $CS_IP")
+                   metavar="HOST[:PORT]",
+                   help="system address (:9000 added when no port), or 'embedded' (default: $CS_IP)")
     p.add_argument("-cpu", "--cpu", action="store_true", default=None, help="force the CPU path")
     p.add_argument("--version", action="version", version=f"{prog} (csrun {csrun.__version__})",
                    help="print the version and exit")
-    p.add_argument("-p", "--params", required=True, help="params YAML file")
+    p.add_argument("-p", "--params", required=True, metavar="FILE", help="params YAML file")
     p.add_argument("-m", "--mode", required=True, choices=("train", "eval", "train_and_eval", "eval_all"),
                    help="what to run (eval_all: evaluate every checkpoint in model_dir)")
     p.add_argument("--compile_only", action="store_true", default=None, help="full compile, no run")
     p.add_argument("--validate_only", action="store_true", default=None,
                    help="compile only up to graph/kernel matching")
-    p.add_argument("-o", "--model_dir", default=None, help="output folder (default: <run.py dir>/model_dir)")
-    p.add_argument("--checkpoint_path", default=None, help="checkpoint to load")
+    p.add_argument("-o", "--model_dir", default=None, metavar="DIR", help="output folder (default: <run.py dir>/model_dir)")
+    p.add_argument("--checkpoint_path", default=None, metavar="FILE", help="checkpoint to load")
     p.add_argument("--is_pretrained_checkpoint", action="store_true", default=None,
                    help="with --checkpoint_path: step 0, non-strict load, no optimizer state")
-    p.add_argument("--logging", default=None, help="chief log level (DEBUG, INFO, WARNING, ERROR)")
-    p.add_argument("--config", default=None, help="use this top-level key of the params YAML")
-    p.add_argument("-c", "--compile_dir", default=None, help="compile output folder")
+    p.add_argument("--logging", default=None, metavar="LEVEL", help="chief log level (DEBUG, INFO, WARNING, ERROR)")
+    p.add_argument("--config", default=None, metavar="KEY", help="use this top-level key of the params YAML")
+    p.add_argument("-c", "--compile_dir", default=None, metavar="DIR", help="compile output folder")
     p.add_argument("--execution_strategy", default=None, choices=EXECUTION_STRATEGIES,
                    help=f"pipeline (the model on the wafer) or weight_streaming (weights streamed from MemoryX); "
                         f"default ${EXECUTION_STRATEGY_ENV}, then runconfig.execution_strategy")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from the latest valid checkpoint in model_dir")
-    p.add_argument("--max_steps", type=int, default=None, help="runconfig.max_steps: the last global step")
-    p.add_argument("--eval_steps", type=int, default=None, help="runconfig.eval_steps: eval batches to run")
-    p.add_argument("--checkpoint_steps", type=int, default=None,
+    p.add_argument("--max_steps", type=int, default=None, metavar="N", help="runconfig.max_steps: the last global step")
+    p.add_argument("--eval_steps", type=int, default=None, metavar="N", help="runconfig.eval_steps: eval batches to run")
+    p.add_argument("--checkpoint_steps", type=int, default=None, metavar="N",
                    help="runconfig.checkpoint_steps: save every this many steps (0: only at the end)")
+    for action in p._actions:  # unset, a runconfig flag takes the YAML's value: say so once
+        if action.dest in RUNCONFIG_FLAGS and action.default is None and action.nargs != 0 and not action.required \
+                and action.help and "default" not in action.help:
+            action.help += f" (default: runconfig.{action.dest})"
 
 
 def normalize_cs_ip(value: str | None) -> str | None:

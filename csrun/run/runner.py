@@ -16,7 +16,7 @@ import csrun.torch as cbtorch
 from csrun.cluster import cluster_info
 from csrun.compiler.settings import settings_from_params
 from csrun.emulator.errors import DeviceError
-from csrun.errors import EnvironmentFailure, UserError, describe_os_error, os_error_in
+from csrun.errors import EnvironmentFailure, UsageError, UserError, describe_os_error, os_error_in
 from csrun.run import cli_args, loops
 from csrun.run.checkpoints import CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint
 from csrun.run.logs import flush_console, setup_logging
@@ -147,9 +147,9 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
     parents = list(made) if isinstance(made, (list, tuple)) else [made]
     try:
         args = cli_args.parse_args(argv, prog=prog, parents=parents)
-    except SystemExit as exc:  # argparse printed the usage and the error (exit 2), or --help (0)
+    except SystemExit as exc:  # --help or --version (0)
         return exc.code if isinstance(exc.code, int) else 2
-    except ConfigError as exc:  # the model's own parser does not fit run.py's
+    except (UsageError, ConfigError) as exc:  # a bad flag; or the model's own parser does not fit run.py's
         print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     is_chief = cbtorch.is_master_ordinal()
