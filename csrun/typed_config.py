@@ -56,7 +56,8 @@ def setting(default: Any, doc: str, *, min: int | float | None = None, pattern: 
     """
     meta = {"doc": doc, "min": min, "pattern": pattern, "what": what, **metadata}
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        fresh: Any = default
+        return dataclasses.field(default_factory=lambda: type(fresh)(fresh), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -139,8 +140,8 @@ def _convert(value: Any, tp: Any, path: str, text: bool) -> Any:
         if value in choices and not isinstance(value, bool):
             return value
         raise ConfigError(f"{path}: {value!r} is not one of {', '.join(repr(c) for c in choices)}")
-    if dataclasses.is_dataclass(tp):
-        if isinstance(tp, type) and isinstance(value, tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
             check_fields(value, path)
             return value
         if text or not isinstance(value, Mapping):

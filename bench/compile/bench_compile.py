@@ -95,7 +95,7 @@ def bench(name: str, cfg: dict, repeat: int, settings: CompileSettings) -> dict:
     model.train()
     batch = make_batch(cfg["batch"], cfg["msl"], cfg["vocab"])
     bare, comp, bare_cpu, comp_cpu = [], [], [], []
-    hit = miss_dir = None
+    miss_dir = None
     for _ in range(repeat):
         gc.collect()
         t, c = time.perf_counter(), time.process_time()

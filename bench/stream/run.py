@@ -211,7 +211,6 @@ def main() -> int:
     if SIZE < 2:
         print("run under mpiexec with at least 2 tasks (see the docstring)", file=sys.stderr)
         return 2
-    rows: list[str] = []
 
     # a. large batches vs raw MPI
     large = []

@@ -79,6 +79,62 @@ class Leaf:
         return self.numel * _torch_dtype(self.wire_dtype).itemsize
 
 
+def _infer_node(node: Any, path: str, leaves: list[Leaf]) -> Any:
+    """The schema tree of ``node`` at ``path``, its tensors' leaves appended to ``leaves``."""
+    if isinstance(node, torch.Tensor):
+        _check_tensor(node, path)
+        name = _dtype_name(node.dtype)
+        leaves.append(Leaf(path=path, dtype=name, wire_dtype=WIRE_DTYPES.get(name, name),
+                           shape=tuple(node.shape)))
+        return {"leaf": len(leaves) - 1}
+    if isinstance(node, dict):
+        items = []
+        for key, value in node.items():
+            if not isinstance(key, str):
+                raise BatchError(f"batch dict key {key!r} at {_show(path)} is a "
+                                 f"{type(key).__name__}; only string keys can be streamed")
+            items.append([key, _infer_node(value, f"{path}[{key!r}]", leaves)])
+        return {"dict": items}
+    if type(node) in (tuple, list):
+        kind = "tuple" if isinstance(node, tuple) else "list"
+        return {kind: [_infer_node(v, f"{path}[{i}]", leaves) for i, v in enumerate(node)]}
+    raise BatchError(f"batch leaf at {_show(path)} is a {type(node).__name__}; only torch "
+                     "tensors (in dicts, tuples and lists) can be streamed")
+
+
+def _flatten_node(node: Any, spec: Any, path: str, leaves: tuple[Leaf, ...], out: list[torch.Tensor]) -> None:
+    """Append ``node``'s tensors to ``out`` in ``spec``'s order; :class:`BatchError` on a mismatch."""
+    if "leaf" in spec:
+        leaf = leaves[spec["leaf"]]
+        if not isinstance(node, torch.Tensor):
+            raise BatchError(f"batch leaf at {_show(path)} is a {type(node).__name__}, "
+                             "the first batch had a tensor there")
+        _check_tensor(node, path)
+        if _dtype_name(node.dtype) != leaf.dtype or tuple(node.shape) != leaf.shape:
+            raise BatchError(
+                f"batch tensor at {_show(path)} is {_dtype_name(node.dtype)}{list(node.shape)}, "
+                f"the first batch had {leaf.dtype}{list(leaf.shape)}: shapes and dtypes must be "
+                "static (set drop_last=True and pad to a fixed length)")
+        out.append(node)
+    elif "dict" in spec:
+        keys = [k for k, _ in spec["dict"]]
+        if not isinstance(node, dict) or list(node.keys()) != keys:
+            got = list(node.keys()) if isinstance(node, dict) else type(node).__name__
+            raise BatchError(f"batch at {_show(path)} is {got}, the first batch had keys {keys}")
+        for key, sub in spec["dict"]:
+            _flatten_node(node[key], sub, f"{path}[{key!r}]", leaves, out)
+    else:
+        kind = "tuple" if "tuple" in spec else "list"
+        items = spec[kind]
+        want = tuple if kind == "tuple" else list
+        if type(node) is not want or len(node) != len(items):
+            raise BatchError(f"batch at {_show(path)} is a {type(node).__name__} of "
+                             f"{len(node) if isinstance(node, (tuple, list)) else '?'} items, "
+                             f"the first batch had a {kind} of {len(items)}")
+        for i, (value, sub) in enumerate(zip(node, items)):
+            _flatten_node(value, sub, f"{path}[{i}]", leaves, out)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Schema:
     """The structure, dtypes and shapes of every batch of one stream."""
@@ -100,73 +156,13 @@ class Schema:
     def infer(cls, batch: Any) -> "Schema":
         """Read the schema from one batch; :class:`BatchError` for anything but tensors in dict/tuple/list."""
         leaves: list[Leaf] = []
-
-        def walk(node: Any, path: str) -> Any:
-            if isinstance(node, torch.Tensor):
-                _check_tensor(node, path)
-                name = _dtype_name(node.dtype)
-                leaves.append(Leaf(path=path, dtype=name, wire_dtype=WIRE_DTYPES.get(name, name),
-                                   shape=tuple(node.shape)))
-                return {"leaf": len(leaves) - 1}
-            if isinstance(node, dict):
-                items = []
-                for key, value in node.items():
-                    if not isinstance(key, str):
-                        raise BatchError(f"batch dict key {key!r} at {_show(path)} is a "
-                                         f"{type(key).__name__}; only string keys can be streamed")
-                    items.append([key, walk(value, f"{path}[{key!r}]")])
-                return {"dict": items}
-            if type(node) in (tuple, list):
-                kind = "tuple" if isinstance(node, tuple) else "list"
-                return {kind: [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]}
-            raise BatchError(f"batch leaf at {_show(path)} is a {type(node).__name__}; only torch "
-                             "tensors (in dicts, tuples and lists) can be streamed")
-
-        try:
-            tree = walk(batch, "")
-        finally:
-            del walk  # break the closure's self-reference so the batch is not kept until gc
+        tree = _infer_node(batch, "", leaves)
         return cls(tree=tree, leaves=tuple(leaves))
 
     def flatten(self, batch: Any) -> list[torch.Tensor]:
         """The batch's tensors in schema order; :class:`BatchError` when the batch does not match."""
         out: list[torch.Tensor] = []
-
-        def walk(node: Any, spec: Any, path: str) -> None:
-            if "leaf" in spec:
-                leaf = self.leaves[spec["leaf"]]
-                if not isinstance(node, torch.Tensor):
-                    raise BatchError(f"batch leaf at {_show(path)} is a {type(node).__name__}, "
-                                     "the first batch had a tensor there")
-                _check_tensor(node, path)
-                if _dtype_name(node.dtype) != leaf.dtype or tuple(node.shape) != leaf.shape:
-                    raise BatchError(
-                        f"batch tensor at {_show(path)} is {_dtype_name(node.dtype)}{list(node.shape)}, "
-                        f"the first batch had {leaf.dtype}{list(leaf.shape)}: shapes and dtypes must be "
-                        "static (set drop_last=True and pad to a fixed length)")
-                out.append(node)
-            elif "dict" in spec:
-                keys = [k for k, _ in spec["dict"]]
-                if not isinstance(node, dict) or list(node.keys()) != keys:
-                    got = list(node.keys()) if isinstance(node, dict) else type(node).__name__
-                    raise BatchError(f"batch at {_show(path)} is {got}, the first batch had keys {keys}")
-                for key, sub in spec["dict"]:
-                    walk(node[key], sub, f"{path}[{key!r}]")
-            else:
-                kind = "tuple" if "tuple" in spec else "list"
-                items = spec[kind]
-                want = tuple if kind == "tuple" else list
-                if type(node) is not want or len(node) != len(items):
-                    raise BatchError(f"batch at {_show(path)} is a {type(node).__name__} of "
-                                     f"{len(node) if isinstance(node, (tuple, list)) else '?'} items, "
-                                     f"the first batch had a {kind} of {len(items)}")
-                for i, (value, sub) in enumerate(zip(node, items)):
-                    walk(value, sub, f"{path}[{i}]")
-
-        try:
-            walk(batch, self.tree, "")
-        finally:
-            del walk  # break the closure's self-reference so the batch is not kept until gc
+        _flatten_node(batch, self.tree, "", self.leaves, out)
         return out
 
     def unflatten(self, tensors: Sequence[torch.Tensor]) -> Any:
@@ -300,37 +296,35 @@ def pack(obj: Any) -> bytes:
     Layout: 8-byte little-endian length of a JSON header, the header, then raw tensor bytes.
     """
     blobs: list[bytes] = []
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, torch.Tensor):
-            t = node.detach().cpu().contiguous()
-            blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-            return {"t": [_dtype_name(t.dtype), list(t.shape)]}
-        if isinstance(node, np.ndarray):
-            a = np.ascontiguousarray(node)
-            blobs.append(a.tobytes())
-            return {"a": [a.dtype.str, list(a.shape)]}
-        if isinstance(node, np.generic):
-            return {"v": node.item()}
-        if isinstance(node, dict):
-            if not all(isinstance(k, str) for k in node):
-                raise BatchError("only dicts with string keys can be packed")
-            return {"d": [[k, walk(v)] for k, v in node.items()]}
-        if isinstance(node, tuple):
-            return {"u": [walk(v) for v in node]}
-        if isinstance(node, list):
-            return {"l": [walk(v) for v in node]}
-        if node is None or isinstance(node, (bool, int, float, str)):
-            return {"v": node}
-        raise BatchError(f"cannot pack a {type(node).__name__}: only numbers, strings, tensors and "
-                         "numpy arrays in dicts, tuples and lists")
-
-    try:
-        tree = walk(obj)
-    finally:
-        del walk
+    tree = _pack_node(obj, blobs)
     header = json.dumps(tree, separators=(",", ":")).encode()
     return struct.pack("<q", len(header)) + header + b"".join(blobs)
+
+
+def _pack_node(node: Any, blobs: list[bytes]) -> Any:
+    """The header tree of ``node``, its tensors' and arrays' bytes appended to ``blobs``."""
+    if isinstance(node, torch.Tensor):
+        t = node.detach().cpu().contiguous()
+        blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return {"t": [_dtype_name(t.dtype), list(t.shape)]}
+    if isinstance(node, np.ndarray):
+        a = np.ascontiguousarray(node)
+        blobs.append(a.tobytes())
+        return {"a": [a.dtype.str, list(a.shape)]}
+    if isinstance(node, np.generic):
+        return {"v": node.item()}
+    if isinstance(node, dict):
+        if not all(isinstance(k, str) for k in node):
+            raise BatchError("only dicts with string keys can be packed")
+        return {"d": [[k, _pack_node(v, blobs)] for k, v in node.items()]}
+    if isinstance(node, tuple):
+        return {"u": [_pack_node(v, blobs) for v in node]}
+    if isinstance(node, list):
+        return {"l": [_pack_node(v, blobs) for v in node]}
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return {"v": node}
+    raise BatchError(f"cannot pack a {type(node).__name__}: only numbers, strings, tensors and "
+                     "numpy arrays in dicts, tuples and lists")
 
 
 def unpack(data: bytes) -> Any:
@@ -338,33 +332,39 @@ def unpack(data: bytes) -> Any:
     view = memoryview(data)
     (hlen,) = struct.unpack("<q", view[:8])
     tree = json.loads(bytes(view[8:8 + hlen]).decode())
-    offset = 8 + hlen
+    return _Unpacker(view, 8 + hlen).build(tree)
 
-    def build(node: Any) -> Any:
-        nonlocal offset
+
+class _Unpacker:
+    """Walks :func:`pack`'s header tree, taking each leaf's bytes from ``view`` in order
+    (an object, not a recursive closure, so no reference cycle outlives a call)."""
+
+    def __init__(self, view: memoryview, offset: int) -> None:
+        self.view = view
+        self.offset = offset
+
+    def _take(self, n: int) -> memoryview:
+        part = self.view[self.offset:self.offset + n]
+        self.offset += n
+        return part
+
+    def build(self, node: Any) -> Any:
+        """The object ``node`` describes."""
         (kind, value), = node.items()
         if kind == "t":
             dtype, shape = _torch_dtype(value[0]), tuple(value[1])
             n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            raw = torch.frombuffer(bytearray(view[offset:offset + n]), dtype=torch.uint8) if n else \
+            raw = torch.frombuffer(bytearray(self._take(n)), dtype=torch.uint8) if n else \
                 torch.empty(0, dtype=torch.uint8)
-            offset += n
             return raw.view(dtype).reshape(shape)
         if kind == "a":
-            dtype, shape = np.dtype(value[0]), tuple(value[1])
-            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            arr = np.frombuffer(bytes(view[offset:offset + n]), dtype=dtype).reshape(shape).copy()
-            offset += n
-            return arr
+            np_dtype, shape = np.dtype(value[0]), tuple(value[1])
+            n = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+            return np.frombuffer(bytes(self._take(n)), dtype=np_dtype).reshape(shape).copy()
         if kind == "d":
-            return {k: build(v) for k, v in value}
+            return {k: self.build(v) for k, v in value}
         if kind == "u":
-            return tuple(build(v) for v in value)
+            return tuple(self.build(v) for v in value)
         if kind == "l":
-            return [build(v) for v in value]
+            return [self.build(v) for v in value]
         return value
-
-    try:
-        return build(tree)
-    finally:
-        del build

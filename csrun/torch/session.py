@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import Any
+from typing import Any, Literal, NoReturn
 
 from csrun.errors import UserError
 from csrun.stream.errors import StreamError
@@ -44,12 +44,13 @@ class SessionError(UserError):
     """A Session used in a way the system did not allow."""
 
 
-def abort_job(message: str) -> None:
+def abort_job(message: str) -> NoReturn:
     """Print ``csrun: error: message`` on stderr and abort every task of the job (exit status 1)."""
     sys.stdout.flush()
     sys.stderr.write(f"csrun: error: {message}\n")
     sys.stderr.flush()
     comm().Abort(1)
+    raise SystemExit(1)  # MPI_Abort does not return; should it, this task still ends
 
 
 class Session:
@@ -84,17 +85,18 @@ class Session:
         if st.streaming:
             st.streamed = True
             try:
-                self._receiver = Receiver(comm(), list(range(1, st.info.num_tasks)),
-                                          prefetch=self.dataloader.prefetch, skip=self.dataloader.start_batch)
-                self._receiver.start()
+                receiver = Receiver(comm(), list(range(1, st.info.num_tasks)),
+                                    prefetch=self.dataloader.prefetch, skip=self.dataloader.start_batch)
+                receiver.start()
             except StreamError as exc:
                 abort_job(str(exc))
             except Exception as exc:  # noqa: BLE001 - the streamers wait for START: end the whole job
                 abort_job(f"the session could not start streaming: {type(exc).__name__}: {exc}")
+            self._receiver = receiver
             sys.stderr.write(f"csrun: streaming from {st.info.num_streamers} streamer(s): "
-                             f"{self._receiver.describe()}\n")
+                             f"{receiver.describe()}\n")
             sys.stderr.flush()
-            self.dataloader.attach(self._receiver)
+            self.dataloader.attach(receiver)
         st.session = self
         return self
 
@@ -117,14 +119,15 @@ class Session:
         sys.stdout.flush()
         sys.exit(0)
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         st = state()
         st.session = None
-        streaming = self._receiver is not None
+        receiver = self._receiver
+        streaming = receiver is not None
         if isinstance(exc, StreamError) and streaming:
             abort_job(str(exc))
-        if exc is not None and streaming:
-            self._receiver.timeout = min(self._receiver.timeout, _STOP_AFTER_FAILURE_S)
+        if exc is not None and receiver is not None:
+            receiver.timeout = min(receiver.timeout, _STOP_AFTER_FAILURE_S)
         streamers: list[StreamerStats] = []
         try:
             streamers = self.dataloader.finish(run_closures=exc is None)

@@ -20,7 +20,7 @@ seeded ``generator``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sized, cast
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
@@ -68,15 +68,18 @@ def plan_shard(loader: Any, shard: int, num_shards: int) -> ShardPlan:
         raise DataLoaderError(f"the DataLoader has a custom batch_sampler "
                               f"({type(batch_sampler).__name__}), which cannot be split across "
                               "streamers: use batch_size, drop_last=True and a sampler instead")
-    batch_size = loader.batch_size if loader.batch_size is not None else batch_sampler.batch_size
-    drop_last = loader.drop_last if loader.batch_size is not None else batch_sampler.drop_last
+    if loader.batch_size is not None:
+        batch_size, drop_last = loader.batch_size, loader.drop_last
+    else:
+        batch_sampler = cast(BatchSampler, batch_sampler)  # checked above: a plain BatchSampler
+        batch_size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
     if not drop_last:
         raise DataLoaderError(f"drop_last must be set to True (got drop_last={drop_last!r}): the "
                               "system needs every batch to have the same size")
     num_samples = None
     if not iterable:
         sampler = loader.sampler if batch_sampler is None else batch_sampler.sampler
-        num_samples = len(sampler)
+        num_samples = len(cast(Sized, sampler))
         if num_samples % num_shards:
             raise DataLoaderError(
                 f"the dataset's {num_samples} samples cannot be split evenly across {num_shards} "
@@ -134,7 +137,7 @@ def shard_loader(loader: DataLoader, plan: ShardPlan) -> tuple[DataLoader, Shard
         options.pop("persistent_workers", None)
     if plan.iterable:
         return DataLoader(loader.dataset, batch_size=plan.batch_size, drop_last=True, **options), None
-    base = loader.sampler if loader.batch_size is not None else loader.batch_sampler.sampler
+    base = loader.sampler if loader.batch_size is not None else cast(BatchSampler, loader.batch_sampler).sampler
     sampler = ShardSampler(base, plan.shard, plan.num_shards)
     return DataLoader(loader.dataset, batch_size=plan.batch_size, sampler=sampler, drop_last=True,
                       **options), sampler

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 import csrun
-from tests.conftest import BIN, base_env
+from tests.conftest import BIN
 
 
 def _csrun(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

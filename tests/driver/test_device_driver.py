@@ -11,7 +11,7 @@ from torch import nn
 
 from csrun.compiler.settings import CompileSettings
 from csrun.driver.closures import StepClosure
-from csrun.driver.driver import DeviceDriver, DeviceUsageError, LoadedProgram, PendingState
+from csrun.driver.driver import DeviceDriver, LoadedProgram, PendingState
 from csrun.driver.options import DeviceOptions
 from csrun.driver.run_path import RunPath
 from csrun.driver.step_recording import StepValue, in_closure

@@ -1,6 +1,5 @@
 """The seed blog's typical loop with the R1.x imports as written (tests/torch/test_legacy_surface.py)."""
 
-import sys
 import torch
 import cerebras.framework.torch as cbtorch
 import cerebras.framework.torch.core.cb_model as cm
