@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import csrun.torch as cbtorch
 from csrun.compiler import CompileSettings
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
 
 
 class MLP(nn.Module):

@@ -78,12 +78,14 @@ cerebras.framework.torch as cbtorch``) run unedited under ``csrun_wse --legacy-i
 ``csrun_cpu --legacy-imports``, which put a shim folder (``csrun/torch/legacy_shim``) first on
 the job's ``PYTHONPATH``; nothing named ``cerebras`` is installed. ``cbtorch.amp.GradScaler``
 (:mod:`csrun.torch.amp`): ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``
-scales on the CPU and leaves the scaling to the device on the device. Not provided:
-``cbtorch.state()``.
+scales on the CPU and leaves the scaling to the device on the device. :func:`state` is the
+R1.x runtime-state object (:mod:`csrun.torch.stack_state`): compiler knobs a model sets on
+``state().full_config`` are recorded and ignored with one notice each,
+``is_inside_execution_loop``, ``register_metric``, ``track_object``, ``init_tracker``.
 
 Public names: :func:`initialize`, :func:`module`, :func:`optimizer`, :func:`dataloader`,
 :class:`Session`, :func:`add_step_closure`, :func:`step_closure`, :func:`global_step`,
-:func:`get_state`, :func:`set_state`, :func:`compile_info`, :func:`save`, :func:`load` and
+:func:`get_state`, :func:`set_state`, :func:`compile_info`, :func:`save`, :func:`load`, :func:`state` and
 the helpers of :mod:`csrun.torch.helpers`. Errors a user can fix derive from
 :class:`csrun.errors.UserError`. Environment variables: those of :mod:`csrun.cluster`
 (rank, size, node, ``CSRUN_LAUNCHER``, ``SLURM_JOB_ID``) and :mod:`csrun.stream.wire`
@@ -127,8 +129,9 @@ from csrun.torch import amp  # noqa: E402  (cbtorch.amp.GradScaler)
 from csrun.torch.saving import CheckpointFileError, load, save
 from csrun.torch.session import Session, SessionError
 from csrun.torch.sharding import DataLoaderError
-from csrun.torch.state import initialize
-from csrun.torch.state import state as _state
+from csrun.torch.process_state import initialize
+from csrun.torch.process_state import state as _state
+from csrun.torch.stack_state import state
 
 
 def module(model: torch.nn.Module, device: Any = None) -> torch.nn.Module:
@@ -185,7 +188,7 @@ __all__ = [
     "num_streamers", "task_id", "master_print", "rendezvous", "mesh_reduce",
     "StreamingDataLoader", "StreamStats", "StreamError", "BatchError", "DataLoaderError", "SessionError",
     "Backend", "EagerBackend", "DeviceOptions", "StepClosure", "register_device_backend",
-    "global_step", "get_state", "set_state", "compile_info", "CompileInfo",
+    "global_step", "get_state", "set_state", "compile_info", "CompileInfo", "state",
 ]
 
 

@@ -41,7 +41,7 @@ from csrun.program.loss_scaling import (
     MIN_LOSS_SCALE,
     STEPS_PER_INCREASE,
 )
-from csrun.torch.state import state
+from csrun.torch.process_state import state
 
 
 class GradScalerError(UserError):

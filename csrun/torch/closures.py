@@ -18,7 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from csrun.driver.closures import StepClosure
 from csrun.errors import UserError
-from csrun.torch.state import state
+from csrun.torch.process_state import state
 
 F = TypeVar("F", bound=Callable[..., Any])
 

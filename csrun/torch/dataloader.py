@@ -29,7 +29,7 @@ from csrun.stream.source import EPOCH_END
 from csrun.stream.stats import ChiefStats, StreamerStats
 from csrun.torch.closures import end_step
 from csrun.torch.sharding import DataLoaderError, ShardPlan, ShardSampler, plan_shard, shard_loader
-from csrun.torch.state import state
+from csrun.torch.process_state import state
 
 DEFAULT_PREFETCH = 4
 """Batches in flight per streamer when the loader sets no ``prefetch_factor``."""

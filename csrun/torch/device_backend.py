@@ -20,7 +20,7 @@ from csrun.driver.compile_info import CompileInfo
 from csrun.driver.driver import DeviceDriver, DeviceUsageError
 from csrun.driver.options import DeviceOptions
 from csrun.emulator.device import Device
-from csrun.torch.state import state
+from csrun.torch.process_state import state
 
 __all__ = ["DeviceBackend", "DeviceUsageError", "make_device_backend"]
 

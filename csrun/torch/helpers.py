@@ -32,7 +32,7 @@ import numpy as np
 from csrun.errors import UserError
 from csrun.stream.schema import pack, unpack
 from csrun.stream.wire import mpi
-from csrun.torch.state import comm, state
+from csrun.torch.process_state import comm, state
 
 
 class CollectiveError(UserError):

@@ -33,7 +33,7 @@ from csrun.stream.stats import StreamerStats, StreamStats, print_report
 from csrun.stream.wire import error_grace, mpi, stream_timeout
 from csrun.torch.closures import add_step_closure, end_step
 from csrun.torch.dataloader import StreamingDataLoader
-from csrun.torch.state import comm, state
+from csrun.torch.process_state import comm, state
 
 MODES = ("train", "eval")
 

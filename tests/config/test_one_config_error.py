@@ -14,7 +14,7 @@ import csrun.typed_config
 from csrun.cli import csrun_cpu, csrun_wse, python_pt
 from csrun.run import run
 from csrun.run.params import InputConfig, ModelConfig
-from csrun.torch import state as torch_state
+from csrun.torch import process_state as torch_state
 
 PACKAGE = Path(__file__).resolve().parents[2] / "csrun"
 

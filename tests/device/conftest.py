@@ -8,7 +8,7 @@ from typing import Iterator
 import pytest
 
 from csrun.torch import backend as backend_mod
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
 from csrun.torch.device_backend import make_device_backend
 
 _ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import csrun.torch as cbtorch
 from csrun.compiler import CompileSettings
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
 
 FORWARD_CALLS = [0]
 """Times the Python forward of :class:`MLP` ran (a side effect the device must do once)."""

@@ -9,7 +9,7 @@ import pytest
 import csrun.torch as cbtorch
 from csrun.address import AddressError
 from csrun.torch.device_backend import DeviceBackend
-from csrun.torch.state import InitializeError
+from csrun.torch.process_state import InitializeError
 from tests.device.helpers import train
 
 pytestmark = pytest.mark.timeout(30)
@@ -29,7 +29,7 @@ def test_initialize_reads_the_path_from_arguments_and_environment(
         address: str | None) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    from csrun.torch import state as state_mod
+    from csrun.torch import process_state as state_mod
 
     state_mod.reset_for_tests()  # ClusterInfo is read once per process state
     st = cbtorch.initialize(cs_ip)
@@ -38,7 +38,7 @@ def test_initialize_reads_the_path_from_arguments_and_environment(
 
 
 def test_initialize_picks_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    from csrun.torch import state as state_mod
+    from csrun.torch import process_state as state_mod
 
     assert isinstance(cbtorch.initialize().backend, cbtorch.EagerBackend) and not cbtorch.use_cs()
     monkeypatch.setenv("CSRUN_LAUNCHER", "csrun_wse")

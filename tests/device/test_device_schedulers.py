@@ -15,7 +15,7 @@ import csrun.torch as cbtorch
 from csrun.compiler import CompileSettings
 from csrun.compiler.errors import LRSchedulerNotSupported
 from csrun.driver.steps import StepOrderError
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
 from tests.compiler.test_lr_schedulers import CASES
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ import csrun.torch as cbtorch
 from csrun.compiler import CompileSettings
 from csrun.driver.step_recording import StepChanged
 from csrun.emulator.errors import DeviceTensorReadError
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
 
 pytestmark = pytest.mark.timeout(120)
 

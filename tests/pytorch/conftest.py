@@ -15,7 +15,7 @@ import torch
 from csrun.emulator.server import EmulatorServer
 from csrun.pytorch import backends as cstorch_backend
 from csrun.torch import backend as backend_mod
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
 from csrun.torch.device_backend import make_device_backend
 from tests.conftest import REPO, base_env
 from tests.pytorch.scripts import tiny

@@ -14,7 +14,7 @@ import csrun.pytorch as cstorch
 import csrun.torch as cbtorch
 from csrun.pytorch import backends as cstorch_backend
 from csrun.run.summaries import read_losses as runner_losses
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
 from tests.pytorch.conftest import DEBUG_YAML
 from tests.run.conftest import fc_mnist  # noqa: F401  (run.py's run() in this process)
 

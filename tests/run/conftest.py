@@ -38,7 +38,7 @@ def fc_mnist(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
     import model  # noqa: F401
 
     from csrun.run import run
-    from csrun.torch import state as torch_state
+    from csrun.torch import process_state as torch_state
 
     def call(*argv: str) -> int:
         torch_state.reset_for_tests()

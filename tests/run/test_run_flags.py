@@ -70,7 +70,7 @@ def test_a_models_own_flags_reach_model_fn(tmp_path: Path, monkeypatch: pytest.M
     import model
 
     from csrun.run import run
-    from csrun.torch import state as torch_state
+    from csrun.torch import process_state as torch_state
 
     seen: dict = {}
 

@@ -1,5 +1,6 @@
 """The R1.x surface: cb_model, module(model, device), Session.add_step_closure / mark_step,
-cbtorch.save / load as weights-only data, and --legacy-imports running the seed's loop unedited."""
+cbtorch.save / load as weights-only data, cbtorch.state(), and --legacy-imports running the seed's
+loop unedited."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import csrun.torch as cbtorch
 import csrun.torch.core.cb_model as cm
 from csrun.errors import UserError
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
+from csrun.torch import stack_state
 from tests.conftest import BIN
 
 SCRIPT = Path(__file__).parent / "scripts" / "legacy_loop.py"
@@ -26,8 +28,10 @@ def lone_chief(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
                  "CSRUN_LAUNCHER"):
         monkeypatch.delenv(name, raising=False)
     state_mod.reset_for_tests()
+    stack_state.reset_for_tests()
     yield
     state_mod.reset_for_tests()
+    stack_state.reset_for_tests()
 
 
 def loader() -> cbtorch.StreamingDataLoader:
@@ -182,3 +186,56 @@ def test_amp_grad_scaler_on_the_device_leaves_the_scaling_to_it(tmp_path: Path) 
     assert cbtorch.global_step() == 4
     state = scaler.state_dict()
     assert state["scale"] == scaler.get_scale() > 0  # the device's scaler
+
+
+def test_state_records_compiler_knobs_with_one_notice_each(capsys: pytest.CaptureFixture[str]) -> None:
+    """A model zoo's set_custom_stack_params, as written for R1.x."""
+    state = cbtorch.state()
+    assert state is cbtorch.state()
+    state.full_config.matching.kernel.enable_pipelined_mlm_loss = True
+    state.full_config.matching.kernel.inc_pwt_estimate = True
+    state.full_config.matching.kernel.enable_pipelined_mlm_loss = True  # again: no second notice
+    state.full_config.placement.optimize_buses.deltat_relative_margin = 0.5
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "csrun: cbtorch.state().full_config.matching.kernel.enable_pipelined_mlm_loss = True: csrun's compiler "
+        "has no such knob; recorded, not used",
+        "csrun: cbtorch.state().full_config.matching.kernel.inc_pwt_estimate = True: csrun's compiler has no "
+        "such knob; recorded, not used",
+        "csrun: cbtorch.state().full_config.placement.optimize_buses.deltat_relative_margin = 0.5: csrun's "
+        "compiler has no such knob; recorded, not used",
+    ]
+    assert state.full_config.as_dict() == {
+        "matching": {"kernel": {"enable_pipelined_mlm_loss": True, "inc_pwt_estimate": True}},
+        "placement": {"optimize_buses": {"deltat_relative_margin": 0.5}},
+    }
+    assert state.full_config.matching.kernel.inc_pwt_estimate is True
+    assert state.full_config.matching.never_set.as_dict() == {}
+
+
+def test_state_execution_loop_metrics_and_trackers() -> None:
+    state = cbtorch.state()
+    assert state.is_inside_execution_loop is False
+    with cbtorch.Session(loader(), report=False):
+        assert state.is_inside_execution_loop is True
+    assert state.is_inside_execution_loop is False
+    metric = object()
+    state.register_metric(metric)
+    assert state.metrics == [metric]
+    assert state.track_object({"loss": torch.zeros(())}) is None
+    with state.init_tracker.entry("configure_optimizer"):
+        pass
+    assert state.rate_tracker is None
+    with pytest.raises(AttributeError, match="full_config"):
+        state.no_such_thing  # noqa: B018
+
+
+def test_state_under_legacy_imports(no_slurm_env: dict[str, str]) -> None:
+    code = ("import cerebras.framework.torch as cbtorch\n"
+            "cbtorch.state().full_config.matching.kernel.no_dcache_spill_splits = True\n"
+            "print(cbtorch.state().full_config.as_dict())")
+    done = subprocess.run([str(BIN / "csrun_cpu"), "--legacy-imports", sys.executable, "-c", code], env=no_slurm_env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "{'matching': {'kernel': {'no_dcache_spill_splits': True}}}" in done.stdout
+    assert "no_dcache_spill_splits = True: csrun's compiler has no such knob" in done.stderr

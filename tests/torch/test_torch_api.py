@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 import csrun.torch as cbtorch
 from csrun.errors import UserError
 from csrun.torch import backend as backend_mod
-from csrun.torch import state as state_mod
+from csrun.torch import process_state as state_mod
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -30,7 +30,7 @@ def gpt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
     import shapes_only
 
     from csrun.run import run
-    from csrun.torch import state as torch_state
+    from csrun.torch import process_state as torch_state
 
     def call(*argv: str) -> int:
         if shapes_only.wanted(list(argv)):
