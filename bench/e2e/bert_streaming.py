@@ -90,7 +90,7 @@ def plain(params_path: Path, delay_s: float, steps: int) -> float:
     """Samples/s of a single-process loop on the same model, data and optimizer."""
     import torch
 
-    from csrun.emulator.schedules import build_schedule
+    from csrun.program.schedules import build_schedule
     from csrun.run.params import params_from_dict
 
     data, model_mod = _load("data"), _load("model")

@@ -2,8 +2,9 @@
 
 - :mod:`~csrun.emulator.engine`: executes one program (forward via the captured graph, backward,
   optimizer, LR schedule, loss scaling, clipping) with all state resident on a device;
-- :mod:`~csrun.emulator.schedules`, :mod:`~csrun.emulator.optimizers`,
-  :mod:`~csrun.emulator.precision`, :mod:`~csrun.emulator.loss_scaling`: the pieces it runs;
+- :mod:`~csrun.emulator.optimizers`, :mod:`~csrun.emulator.precision`,
+  :mod:`~csrun.emulator.loss_scaling`: the pieces it runs (with the LR schedules of
+  :mod:`csrun.program.schedules`, the device contract's);
 - :mod:`~csrun.emulator.device`: the :class:`Device` interface csrun.torch uses, implemented by
   :class:`EmbeddedDevice` (a worker thread in this process) and :class:`RemoteDevice` (a
   ``cs_emulator`` server, :mod:`~csrun.emulator.server`, over :mod:`~csrun.emulator.wire`);

@@ -25,9 +25,9 @@ from csrun.emulator import (
     loss_scaling,
     optimizers,
     precision,
-    schedules,
 )
 from csrun.emulator.errors import SpecError
+from csrun.program import schedules
 from csrun.program.loss_scaling import (
     INITIAL_LOSS_SCALE,
     MAX_LOSS_SCALE,

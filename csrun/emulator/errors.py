@@ -8,16 +8,13 @@ Failures of the device itself (a step that raised, a lost link) are :class:`Devi
 from __future__ import annotations
 
 from csrun.errors import UserError
+from csrun.program.errors import SpecError  # noqa: F401  (the device contract's; emulator code raises it from here)
 
 READ_HINT = (
     "device tensors have no value until the step they belong to has run on the system; "
     "read them in a step closure (use cbtorch.add_step_closure / @step_closure)"
 )
 """The hint every refused read of a device tensor carries, as the system said it."""
-
-
-class SpecError(UserError):
-    """A program spec value the emulator cannot run (bad schedule, optimizer key, precision)."""
 
 
 class DeviceTensorReadError(UserError):

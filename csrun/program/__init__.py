@@ -15,8 +15,11 @@ here, below both of them (see ARCHITECTURE.md and tests/test_layering.py):
   that ``params_train.yaml``, the compiled spec and the engine's optimizer agree.
 - ``csrun.program.loss_scaling`` — dynamic loss scaling's defaults (params, spec, engine and
   ``cbtorch.amp`` read them).
-
-Still elsewhere (issue 9): the LR schedules (``emulator/schedules.py``).
+- ``csrun.program.schedules`` — the LR schedules: the legacy ``learning_rate`` value as a pure
+  function of the global step (the engine runs it; params, the runner, ``cbtorch`` and
+  ``cstorch`` check and show it).
+- ``csrun.program.errors`` — :class:`SpecError`, a spec value that cannot run.
+- ``csrun.program.execution`` — the two execution strategies.
 
 Import the submodules directly; this package's ``__init__`` imports nothing so that the
 floors above can take only what they use.

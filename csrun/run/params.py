@@ -253,7 +253,7 @@ def check_params(params: Params) -> None:
 def check_learning_rate(learning_rate: Any) -> None:
     """Refuse a ``learning_rate`` the schedule builder cannot run (the emulator's own rules)."""
     from csrun.emulator.errors import SpecError
-    from csrun.emulator.schedules import build_schedule
+    from csrun.program.schedules import build_schedule
 
     try:
         build_schedule(learning_rate)

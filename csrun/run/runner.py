@@ -62,7 +62,7 @@ def seed_everything(seed: int | None) -> None:
 
 def _optimizer(params: Params, model: torch.nn.Module, settings: Any) -> torch.optim.Optimizer:
     from csrun.emulator.optimizers import build_optimizer, preinitialize_state
-    from csrun.emulator.schedules import build_schedule
+    from csrun.program.schedules import build_schedule
 
     spec = settings.optimizer
     lr0 = float(build_schedule(settings.learning_rate)(0))
@@ -288,7 +288,7 @@ def _make_model_dir(model_dir: Path) -> None:
 def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optimizer: Any, settings: Any,
            model_dir: Path, start: int, train_input_fn: Callable[[Params], Any] | None,
            preemption: Preemption, *, keep_steps: tuple[int, ...] = ()) -> int:
-    from csrun.emulator.schedules import build_schedule
+    from csrun.program.schedules import build_schedule
 
     rc = params.runconfig
     if params.optimizer is None or params.train_input is None:

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from csrun.cluster import cluster_info
 from csrun.errors import UserError
 
 TAG_CTRL = 11
@@ -123,7 +124,7 @@ def mpi() -> Any:
 
         return MPI
     limit = mpi_init_timeout()
-    rank = os.environ.get("PMI_RANK", os.environ.get("SLURM_PROCID", "?"))
+    rank = cluster_info().rank
     line = (f"csrun: rank {rank}: MPI_Init did not complete within {limit:g} s: a task of this job exited (or "
             f"never started) before joining MPI; ending this task (CSRUN_MPI_INIT_TIMEOUT)")
     watchdog = subprocess.Popen([sys.executable, "-S", "-E", "-c", _WATCHDOG, f"{limit:g}", line, str(os.getpid())],

@@ -1,7 +1,7 @@
 """The device's training semantics applied to an eager torch optimizer (the CPU path).
 
 On the device the learning rate is a function of the global step
-(:func:`csrun.emulator.schedules.build_schedule` of ``settings.learning_rate``), gradients are
+(:func:`csrun.program.schedules.build_schedule` of ``settings.learning_rate``), gradients are
 clipped by ``max_gradient_norm`` / ``max_gradient_value`` after backward, and the global step
 counts optimizer steps. :class:`TrainingRules` gives an eager ``torch.optim.Optimizer`` the same
 behaviour through its step hooks (``register_step_pre_hook`` / ``register_step_post_hook``),
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from csrun.emulator.loss_scaling import check_clipping, clip_gradients
-from csrun.emulator.schedules import Schedule, build_schedule
+from csrun.program.schedules import Schedule, build_schedule
 
 
 class TrainingRules:

@@ -11,7 +11,7 @@ from torch.optim import lr_scheduler as S
 
 from csrun.compiler.errors import LRSchedulerNotSupported
 from csrun.compiler.lr_schedulers import check_scheduler, learning_rate_of
-from csrun.emulator.schedules import build_schedule
+from csrun.program.schedules import build_schedule
 
 BASE = 0.1
 STEPS = 50

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from csrun.emulator.errors import SpecError
-from csrun.emulator.schedules import build_schedule
+from csrun.program.schedules import build_schedule
 
 CASES = [
     (0.1, {0: 0.1, 1000: 0.1}),

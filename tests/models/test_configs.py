@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from csrun.data import HDF5Dataset
-from csrun.emulator.schedules import build_schedule
+from csrun.program.schedules import build_schedule
 
 from .helpers import CONFIGS, load_module, load_params
 

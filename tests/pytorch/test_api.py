@@ -11,7 +11,7 @@ import torch
 
 import csrun.pytorch as cstorch
 from csrun.compiler.optim import legacy_type_of
-from csrun.emulator.schedules import build_schedule
+from csrun.program.schedules import build_schedule
 from csrun.errors import UserError
 from csrun.program.optimizers import OPTIMIZERS
 from csrun.pytorch.utils.config import CSConfigError

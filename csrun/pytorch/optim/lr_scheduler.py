@@ -2,7 +2,7 @@
 
 On the system the learning rate is a function of the global step computed on the device, not
 a Python object stepped on the host. So is every scheduler here: :class:`LRScheduler` holds a
-legacy ``learning_rate`` value (run by :func:`csrun.emulator.schedules.build_schedule`, the
+legacy ``learning_rate`` value (run by :func:`csrun.program.schedules.build_schedule`, the
 function the engine runs) and the learning rate of the next optimizer step is
 ``schedule(global_step)``. Calling ``step()`` is allowed and changes nothing (a loop that
 never calls it gets the same rates); ``get_last_lr()`` is the rate of the next step.
@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 import csrun.torch as cbtorch
-from csrun.emulator.schedules import Schedule, build_schedule
+from csrun.program.schedules import Schedule, build_schedule
 from csrun.errors import UserError
 from csrun.pytorch.backends import current_backend, update_settings
 

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from csrun.emulator.errors import SpecError
+from csrun.program.errors import SpecError
 
 Schedule = Callable[[int], float]
 """A learning-rate schedule: global step (>= 0) to learning rate."""
