@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from csrun.errors import UsageError
-
 from csrun.run.cli_args import RunPath, apply_overrides, check_system_rules, choose_path, load_params, parse_args
 from csrun.run.params import params_from_dict
 from csrun.typed_config import ConfigError
