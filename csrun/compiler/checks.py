@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import sys
+from types import FrameType
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -92,7 +93,7 @@ class _RecordingState(dict):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         if key not in self:
-            frame = sys._getframe(1)
+            frame: FrameType | None = sys._getframe(1)
             while frame is not None and not is_user_file(frame.f_code.co_filename):
                 frame = frame.f_back
             if frame is not None:

@@ -114,12 +114,12 @@ def node_flops(node: torch.fx.Node) -> float:
             return 2.0 * _numel(args[0]) * (w[1] * math.prod(w[2:]) if len(w) > 2 else 1) if x else 0.0
         return 2.0 * out_n * per_out + (out_n if len(args) > 2 and args[2] is not None else 0)
     if name in ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"):
-        q, k = _shape(args[0]), _shape(args[1])
-        v = _shape(args[2]) if len(args) > 2 else k
-        if len(q) < 2 or len(k) < 2:
+        qs, ks = _shape(args[0]), _shape(args[1])
+        vs = _shape(args[2]) if len(args) > 2 else ks
+        if len(qs) < 2 or len(ks) < 2:
             return float(out_n)
-        lead = math.prod(q[:-2])
-        L, E, S, Ev = q[-2], q[-1], k[-2], v[-1] if v else q[-1]
+        lead = math.prod(qs[:-2])
+        L, E, S, Ev = qs[-2], qs[-1], ks[-2], vs[-1] if vs else qs[-1]
         return 2.0 * lead * L * S * E + 2.0 * lead * L * S * Ev + 5.0 * lead * L * S
     if name in _FREE_OPS:
         return 0.0

@@ -159,6 +159,9 @@ ConfigError = _ConfigError
 """A bad key or value in the params (optimizer section, precision, loss scaling): the one
 :class:`csrun.errors.ConfigError` (exit 2), which also takes ``fix`` and ``location``."""
 
+Problem = CompileError | ConfigError
+"""One problem a compile reports: a check's :class:`CompileError` or a :class:`ConfigError`."""
+
 
 class CaptureFailed(CompileError):
     """``torch.export`` could not capture the step for a reason not covered by another check."""
@@ -185,8 +188,8 @@ class UnsafeProgram(CompileError):
 class CompileFailed(CompileError):
     """Several problems found in one pass; :attr:`problems` lists each one."""
 
-    def __init__(self, problems: Sequence[CompileError]) -> None:
-        self.problems: list[CompileError] = list(problems)
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems: list[Problem] = list(problems)
         n = len(self.problems)
         what = f"{n} problem{'s' if n != 1 else ''} stop the compile:\n\n" + "\n\n".join(
             f"[{i}] {type(p).__name__}: " + p.render().replace("\n", "\n    ")
@@ -198,7 +201,7 @@ class ConflictingCompileFlags(UsageError):
     """``--compile_only`` and ``--validate_only`` given together."""
 
 
-def raise_all(problems: Sequence[CompileError]) -> None:
+def raise_all(problems: Sequence[Problem]) -> None:
     """Raise nothing for no problems, the problem itself for one, :class:`CompileFailed` for several."""
     if not problems:
         return

@@ -31,7 +31,7 @@ from csrun.compiler.cache.program_io import PROGRAM_FILE, bind_weights, load_exp
 from csrun.compiler.capture import capture, input_schema
 from csrun.compiler.checks import run_checks
 from csrun.compiler.costs import layer_costs
-from csrun.compiler.errors import CompileError, ConfigError, ModelDoesNotFit, UnsafeProgram, raise_all
+from csrun.compiler.errors import CompileError, ConfigError, ModelDoesNotFit, Problem, UnsafeProgram, raise_all
 from csrun.compiler.locate import caller_location
 from csrun.compiler.optim import learning_rate_from_torch, legacy_type_of, optimizer_spec_from_torch
 from csrun.compiler.placement import Plan, place
@@ -54,7 +54,7 @@ class CompileResult:
     ok: bool
     """No problems: the step was captured (and, for a compile, fits the wafer)."""
     validate_only: bool = False
-    problems: list[CompileError] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     """Every problem found, in one pass."""
     spec: ProgramSpec | None = None
     plan: Plan | None = None
@@ -175,8 +175,8 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
     t0 = time.perf_counter()
     _say(console, report.MSG_COMPILING)
     settings = settings_with_optimizer(settings, optimizer, model)
-    problems = run_checks(model=model, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
-                          dataloader=dataloader)
+    problems: list[Problem] = list(run_checks(model=model, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
+                                         dataloader=dataloader))
     if not validate and settings.program_mode == "train" and settings.optimizer is None and optimizer is None:
         problems.append(ConfigError("a training compile needs an optimizer",
                                     fix="pass optimizer=<torch optimizer> or set the params optimizer section",
@@ -196,7 +196,7 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
         result.seconds = time.perf_counter() - t0
         _finish(result, console)
         return result
-    result.program = cap.program
+    result.program = program = cap.program
     if validate:
         result.ok = True
         result.seconds = time.perf_counter() - t0
@@ -216,7 +216,7 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
     result.directory = os.path.abspath(target)
 
     def write(tmp: str) -> None:
-        save_program(cap.program, os.path.join(tmp, PROGRAM_FILE))
+        save_program(program, os.path.join(tmp, PROGRAM_FILE))
         with open(os.path.join(tmp, SPEC_FILE), "w") as f:
             f.write(spec_json)
         with open(os.path.join(tmp, PLAN_FILE), "w") as f:

@@ -72,7 +72,7 @@ def field_shapes(fmt: str, max_seq_length: int,
     if fmt not in FORMATS:
         raise DataError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
     lengths = {"seq": max_seq_length, "pred": max_predictions_per_seq}
-    out = {}
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name, (dtype, kind) in FORMATS[fmt].items():
         out[name] = (dtype, () if kind is None else (int(lengths[kind] or 0),))
     return out

@@ -135,14 +135,14 @@ def _masked_sample(a: list[int], b: list[int], is_random: int, s: MlmSettings,
         elif r >= 0.9:
             masked[p] = _random_token(s, rng)
     L, P = s.max_seq_length, s.max_predictions_per_seq
-    sample = {
+    sample: dict[str, np.ndarray] = {
         "input_ids": np.full(L, s.pad_id, np.int32),
         "attention_mask": np.zeros(L, np.int32),
         "token_type_ids": np.zeros(L, np.int32),
         "masked_lm_positions": np.zeros(P, np.int32),
         "masked_lm_ids": np.zeros(P, np.int32),
         "masked_lm_weights": np.zeros(P, np.float32),
-        "next_sentence_label": np.int32(is_random),
+        "next_sentence_label": np.asarray(is_random, dtype=np.int32),
     }
     n = len(tokens)
     sample["input_ids"][:n] = masked

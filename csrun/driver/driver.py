@@ -381,10 +381,14 @@ class DeviceDriver:
         device = self._device()  # reach the system before the compile: a wrong --cs_ip fails in seconds
         result = self.compile(batch, mode, recording)
         result.raise_for_problems()
-        program = result.program
+        program, spec, model, directory = result.program, result.spec, self.model, result.directory
+        if spec is None:
+            raise RuntimeError("csrun: the compile reported success without a program spec")  # a csrun bug
         if program is None:  # a cache hit by source: the saved program has no weight values
-            program, _ = load_program(result.directory, weights=self.model.state_dict())
-        loaded = LoadedProgram(mode=mode, spec=result.spec, step=recording.signature())
+            if directory is None or model is None:
+                raise RuntimeError("csrun: a cache hit without its directory or the model")  # a csrun bug
+            program, _ = load_program(directory, weights=model.state_dict())
+        loaded = LoadedProgram(mode=mode, spec=spec, step=recording.signature())
         t0 = time.perf_counter()
         device.load(program, loaded.spec)
         self.loaded = loaded

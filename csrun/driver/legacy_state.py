@@ -144,13 +144,13 @@ def to_device(state: Mapping[str, Any], template: Mapping[str, Any], model: torc
     params: dict[str, torch.Tensor] = {}
     buffers: dict[str, torch.Tensor] = {}
     missing = []
-    for kind, out in (("params", params), ("buffers", buffers)):
+    for kind, into in (("params", params), ("buffers", buffers)):
         for name in template.get(kind, {}):
             src = next((a for a in [name, *aliases.get(name, [])] if a in given), None)
             if src is None:
                 missing.append(name)
             else:
-                out[name] = given[src]
+                into[name] = given[src]
     covered = {a for n in wanted for a in [n, *aliases.get(n, [])]}
     unexpected = sorted(set(given) - covered)
     non_persistent = set(template.get("buffers", {})) - (set(model.state_dict()) if model is not None else set())

@@ -117,20 +117,20 @@ class StateView:
             return own_state_dict()
 
         def load_state_dict(state: Mapping[str, Any]) -> None:
-            own_load(state)
+            own_load(dict(state))
             if not view._internal:
                 with view.internal():
                     view._source.load_optimizer_state(state)
 
         optimizer.state_dict = state_dict  # type: ignore[method-assign]
-        optimizer.load_state_dict = load_state_dict  # type: ignore[method-assign]
+        optimizer.load_state_dict = load_state_dict  # type: ignore[method-assign,assignment]
 
 
 def _view_of(module: torch.nn.Module) -> StateView | None:
     return module.__dict__.get("_csrun_state_view")
 
 
-def _coherent_class(cls: type) -> type:
+def _coherent_class(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
     """``cls`` with reads that refresh from the device first (cached per class)."""
     if cls in _CLASSES.values():
         return cls

@@ -508,7 +508,7 @@ class StepValue(torch.Tensor):
     @staticmethod
     def __new__(cls, recorder: "StepRecorder", step: "StepState", ref: int, shape: torch.Size,
                 dtype: torch.dtype, value: torch.Tensor | None = None, *, host: bool = False) -> "StepValue":
-        out = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cpu", requires_grad=False)
+        out = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=torch.device("cpu"), requires_grad=False)
         out._recorder = recorder
         out._step = step
         out._ref = ref
@@ -535,7 +535,7 @@ class StepValue(torch.Tensor):
         return first._recorder.operation(func, name, first, args, kwargs, found.device)
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         raise StepValueError(
             f"{func} reached a step value below torch's Python layer; step values take torch functions "
             "and tensor methods (csrun records them) — please report this with the line that made it")

@@ -125,7 +125,7 @@ def drop_input_guards(module: torch.fx.GraphModule) -> bool:
         module.recompile()
     if "_guards_fn" in module._modules:
         del module._modules["_guards_fn"]
-    module.validate_inputs = False  # the pre-hook returns at once
+    setattr(module, "validate_inputs", False)  # the pre-hook returns at once
     return removed
 
 
@@ -168,7 +168,8 @@ class Engine:
         with torch.no_grad():
             # own copies: the unlifted module shares storage with the program's state dict,
             # and training must not change the caller's program
-            fresh: dict[int, torch.Tensor] = {}  # tied weights stay tied
+            fresh: dict[int, torch.nn.Parameter] = {}  # tied weights stay tied
+            fresh_buffers: dict[int, torch.Tensor] = {}
             for mod in module.modules():
                 for name, p in list(mod._parameters.items()):
                     if p is not None:
@@ -178,9 +179,9 @@ class Engine:
                         mod._parameters[name] = fresh[id(p)]
                 for name, b in list(mod._buffers.items()):
                     if b is not None:
-                        if id(b) not in fresh:
-                            fresh[id(b)] = b.clone()
-                        mod._buffers[name] = fresh[id(b)]
+                        if id(b) not in fresh_buffers:
+                            fresh_buffers[id(b)] = b.clone()
+                        mod._buffers[name] = fresh_buffers[id(b)]
         self.module = module
         if self.half_weights is not None:
             self.half_weights.bind()  # the leaves follow the fresh weights

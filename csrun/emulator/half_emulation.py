@@ -167,16 +167,16 @@ class HalfWeights:
         pairs = [(leaf, m, low) for leaf, m, low in zip(self.leaves, self.masters, self._low) if leaf.grad is not None]
         if not pairs:
             return
-        grads = [leaf.grad for leaf, _, _ in pairs]
+        grads = [leaf.grad for leaf, _, _ in pairs if leaf.grad is not None]  # all of them: pairs has only these
         low = [buffer for _, _, buffer in pairs]  # the weights' 16-bit buffers are free until the next refresh
         with torch.no_grad():
             torch._foreach_copy_(low, grads)
             torch._foreach_copy_(grads, low)
-        for leaf, master, _ in pairs:
+        for (leaf, master, _), grad in zip(pairs, grads):
             if master.grad is None:
-                master.grad = leaf.grad
+                master.grad = grad
             else:
-                master.grad.add_(leaf.grad)
+                master.grad.add_(grad)
             leaf.grad = None
 
 

@@ -217,7 +217,7 @@ def build_optimizer(
     if name in FOREACH_EXACT and "foreach" in valid and "foreach" not in kwargs:
         kwargs["foreach"] = True
     try:
-        return cls(target, lr=lr, **kwargs)
+        return cls(target, lr=lr, **kwargs)  # type: ignore[call-arg]  # cls is a concrete optimizer class, not the base
     except (TypeError, ValueError) as exc:
         raise SpecError(f"optimizer: {name}: {exc}") from None
 

@@ -118,7 +118,7 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy())
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy's stubs: ndarray is a buffer
 
 
 def send_frame(sock: Link, header: dict[str, Any], tensors: list[torch.Tensor] | None = None) -> None:
@@ -188,7 +188,7 @@ def recv_frame(sock: Link, limits: Limits, *, max_tensor_bytes: int | None = Non
             tensors.append(torch.empty(shape, dtype=dtype))
             continue
         raw_t = torch.empty(nbytes, dtype=torch.uint8)  # not zero-filled, unlike bytearray
-        _recv_into(sock, memoryview(raw_t.numpy()))
+        _recv_into(sock, memoryview(raw_t.numpy()))  # type: ignore[arg-type]  # numpy's stubs: ndarray is a buffer
         tensors.append(raw_t.view(dtype).reshape(shape))
     return header, tensors
 
