@@ -25,7 +25,7 @@ from typing import Any
 _WHERE = {
     "check_batch": "checks", "check_compile_flags": "checks", "check_dataloader": "checks",
     "CompileError": "errors", "CompileFailed": "errors",
-    "CompileResult": "flow", "compile_only": "flow", "exit_code": "flow", "load_program": "flow", "validate_only": "flow",
+    "CompileResult": "result", "compile_only": "flow", "exit_code": "result", "load_program": "result", "validate_only": "flow",
     "learning_rate_from_torch": "optim", "optimizer_spec_from_params": "optim", "optimizer_spec_from_torch": "optim",
     "CompileSettings": "settings", "settings_from_params": "settings",
     "LossScalingSpec": "spec", "OptimizerSpec": "spec", "ProgramSpec": "spec", "TensorSpec": "spec",

@@ -1,4 +1,7 @@
-"""The compiler's entry points: validate_only, compile_only, load_program, exit codes.
+"""The compiler's entry points: validate_only and compile_only.
+
+Their result, :func:`load_program` and the exit codes live in :mod:`csrun.compiler.result`
+(re-exported here).
 
 ``validate_only`` captures the step and runs every check (no placement, nothing written).
 ``compile_only`` does that, then places the program on the wafer model in the settings'
@@ -16,8 +19,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from dataclasses import replace
+from typing import Any, Iterable
 
 import torch
 from rich.console import Console
@@ -25,13 +28,13 @@ from rich.console import Console
 from csrun.compiler import report
 from csrun.compiler.cache.compile_dir import (
     MARKER, add_source_key, build_atomically, compile_key, find_by_source_key, marker_source_keys, read_marker,
-    source_key, verify_checksums,
+    source_key,
 )
-from csrun.compiler.cache.program_io import PROGRAM_FILE, bind_weights, load_exported_program, save_program
+from csrun.compiler.cache.program_io import PROGRAM_FILE, save_program
 from csrun.compiler.capture import capture, input_schema
 from csrun.compiler.checks import run_checks
 from csrun.compiler.costs import layer_costs
-from csrun.compiler.errors import CompileError, ConfigError, ModelDoesNotFit, Problem, UnsafeProgram, raise_all
+from csrun.compiler.errors import CompileError, ConfigError, ModelDoesNotFit, Problem
 from csrun.compiler.locate import caller_location
 from csrun.compiler.optim import learning_rate_from_torch, legacy_type_of, optimizer_spec_from_torch
 from csrun.compiler.placement import Plan, place
@@ -39,57 +42,11 @@ from csrun.compiler.report import human_bytes
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
 from csrun.compiler.streaming import STREAMING_WHY, place_streaming
+from csrun.compiler.result import (  # noqa: F401  (CompileResult, exit_code, load_program: the entry points' too)
+    ESTIMATE_FILE, PLAN_FILE, REPORT_FILE, SPEC_FILE, CompileResult, exit_code, load_program,
+)
 from csrun.compiler.wafer import MEMORYX, WSE2, MemoryXSpec, WaferSpec
 
-SPEC_FILE = "spec.json"
-PLAN_FILE = "plan.json"
-ESTIMATE_FILE = "estimate.json"
-REPORT_FILE = "report.txt"
-
-
-@dataclass(kw_only=True)
-class CompileResult:
-    """The outcome of :func:`validate_only` or :func:`compile_only`."""
-
-    ok: bool
-    """No problems: the step was captured (and, for a compile, fits the wafer)."""
-    validate_only: bool = False
-    problems: list[Problem] = field(default_factory=list)
-    """Every problem found, in one pass."""
-    spec: ProgramSpec | None = None
-    plan: Plan | None = None
-    """The placement (None for validate_only and failures before placement; rebuilt from
-    ``plan.json`` on a cache hit by source key)."""
-    plan_json: dict[str, Any] | None = None
-    estimate_json: dict[str, Any] | None = None
-    directory: str | None = None
-    """The compile directory (``cs_<hash>/`` or the explicit compile_dir)."""
-    cache_hit: bool = False
-    """An existing complete directory was reused."""
-    program: torch.export.ExportedProgram | None = None
-    """The captured program (None on a fast cache hit: see :meth:`exported_program`)."""
-    seconds: float = 0.0
-    capture_seconds: float = 0.0
-
-    def raise_for_problems(self) -> None:
-        """Raise the problem (one) or :class:`~csrun.compiler.errors.CompileFailed` (several)."""
-        raise_all(self.problems)
-
-    def exported_program(self) -> torch.export.ExportedProgram:
-        """The program: the captured one (with the model's weights), or read as data
-        (:mod:`csrun.program.archive`) from the compile directory, whose weights are shape-only placeholders:
-        give them values with :func:`csrun.compiler.cache.program_io.bind_weights`."""
-        if self.program is None:
-            if not self.directory:
-                self.raise_for_problems()
-                raise RuntimeError("no program: nothing was compiled")
-            self.program, _ = load_program(self.directory)
-        return self.program
-
-
-def exit_code(result: CompileResult) -> int:
-    """0 for success, 1 for a failed validation/compile (the legacy exit codes)."""
-    return 0 if result.ok else 1
 
 
 def settings_with_optimizer(settings: CompileSettings, optimizer: torch.optim.Optimizer | None,
@@ -326,32 +283,3 @@ def compile_only(model: torch.nn.Module, batch: Any, *, settings: CompileSetting
     return _run(model, batch, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
                 dataloader=dataloader, validate=False, model_dir=model_dir, compile_dir=compile_dir, wafer=wafer,
                 reuse_by_source=reuse_by_source, console=console, step_key=step_key, memoryx=memoryx)
-
-
-def load_program(directory: str, *, weights: Mapping[str, torch.Tensor] | None = None
-                 ) -> tuple[torch.export.ExportedProgram, ProgramSpec]:
-    """The program and spec of a complete compile directory.
-
-    The saved program's weights are shape-only placeholders (the compile key covers weight
-    shapes, not values); pass ``weights`` (``model.state_dict()`` or a checkpoint's) to bind
-    them (:func:`~csrun.compiler.cache.program_io.bind_weights`).
-
-    Refuses (:class:`UnsafeProgram`) a directory without a valid ``COMPLETE`` marker, with a
-    file whose checksum differs from the marker's, or whose archive is not plain data
-    (:mod:`csrun.program.archive`).
-    """
-    try:
-        with open(os.path.join(directory, MARKER)) as f:
-            marker = json.load(f)
-        marker["files"].items()
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise UnsafeProgram(f"{directory} is not a complete compile directory (no valid {MARKER} marker)") from None
-    bad = verify_checksums(directory, marker)
-    if bad:
-        raise UnsafeProgram(f"{directory}: {', '.join(bad)} changed after the compile (checksum mismatch)")
-    with open(os.path.join(directory, SPEC_FILE)) as f:
-        spec = ProgramSpec.from_json(f.read())
-    program = load_exported_program(os.path.join(directory, PROGRAM_FILE))
-    if weights is not None:
-        bind_weights(program, weights)
-    return program, spec

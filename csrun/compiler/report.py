@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rich.console import Console
 from rich.table import Table
 
 from csrun.compiler.placement import Plan
-
-if TYPE_CHECKING:
-    from csrun.compiler.flow import CompileResult
+from csrun.compiler.result import CompileResult
 
 MSG_COMPILING = "Compiling the model. This may take a few minutes."
 MSG_TRAIN_OK = "Compile for training completed successfully!"
@@ -90,7 +86,7 @@ def _text_table(plan: Plan, top: int) -> list[str]:
     return lines
 
 
-def report_text(result: "CompileResult") -> str:
+def report_text(result: CompileResult) -> str:
     """The content of ``report.txt`` (plain text)."""
     out = [f"csrun compile report - {result.directory}",
            "All placement and throughput figures are ESTIMATES from the wafer model (csrun.compiler.wafer)."]
@@ -110,7 +106,7 @@ def report_text(result: "CompileResult") -> str:
     return "\n".join(out) + "\n"
 
 
-def print_result(result: "CompileResult", console: Console | None = None) -> None:
+def print_result(result: CompileResult, console: Console | None = None) -> None:
     """Print the outcome as users knew it: table, summary, then the legacy success/failure line."""
     console = console or Console()
     if result.plan is not None:
