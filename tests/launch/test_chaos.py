@@ -26,7 +26,7 @@ from tests.conftest import BIN, REPO
 pytestmark = pytest.mark.timeout(600)
 
 ROUNDS = 6
-"""Each rank twice (ten random rounds cost the suite ~80 s more and found nothing six do not)."""
+"""Each rank twice (the earlier ten random rounds cost the suite ~80 s more and could leave a rank out)."""
 STEPS = 80
 END_WITHIN_S = 10.0
 
