@@ -53,7 +53,7 @@ class LayerCost:
     forward_flops: float = 0.0
     """Forward FLOP per sample."""
     params: int = 0
-    """Parameter elements owned by the layer (first use)."""
+    """Parameter elements owned by the layer (first use; a tied weight counts once)."""
     weight_bytes: int = 0
     """Parameter + buffer bytes (float32 master weights)."""
     activation_bytes: float = 0.0
@@ -176,7 +176,10 @@ def layer_costs(program: torch.export.ExportedProgram, spec: ProgramSpec) -> lis
         lc.forward_flops += node_flops(node) / batch
         if op_name(node) not in _VIEW_OPS:
             lc.activation_bytes += _numel(node.meta.get("val")) * act_bytes / batch
-    # Weights belong to the layer of their first user.
+    # Weights belong to the layer of their first user. A tied weight (one tensor under several
+    # names: torch.export gives each name its own placeholder) is counted once, at the first
+    # user of any of its names.
+    tied: dict[int, tuple[torch.Tensor, bool, list[torch.fx.Node]]] = {}
     for ph_name, node in placeholders.items():
         fqn = param_of.get(ph_name) or buffer_of.get(ph_name)
         if fqn is None:
@@ -184,11 +187,13 @@ def layer_costs(program: torch.export.ExportedProgram, spec: ProgramSpec) -> lis
         tensor = state.get(fqn, constants.get(fqn))
         if tensor is None:
             continue
-        users = sorted(node.users, key=order.__getitem__)
-        target = _layer_of(users[0]) if users else (ROOT_LAYER, "")
-        lc = layer(*target)
+        _, is_param, users = tied.setdefault(id(tensor), (tensor, ph_name in param_of, []))
+        users.extend(node.users)
+    for tensor, is_param, users in tied.values():
+        first = min(users, key=order.__getitem__) if users else None
+        lc = layer(*(_layer_of(first) if first is not None else (ROOT_LAYER, "")))
         lc.weight_bytes += tensor.numel() * tensor.element_size()
-        if ph_name in param_of:
+        if is_param:
             lc.params += tensor.numel()
     return list(layers.values())
 

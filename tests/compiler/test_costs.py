@@ -61,3 +61,23 @@ def test_placement_balances_and_reports(tmp_path) -> None:  # noqa: ANN001
     r2 = compile_only(m, TinyGPT.batch(), settings=CompileSettings(), optimizer=torch.optim.SGD(m.parameters(), lr=0.5),
                       compile_dir=str(other))
     assert not r2.ok and isinstance(r2.problems[0], ConfigError) and (other / "notes.txt").exists()
+
+
+def test_a_tied_weight_counts_once() -> None:
+    """torch.export gives each name of a tied weight its own placeholder; the costs count the tensor once."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(100, 16)
+            self.lin = torch.nn.Linear(16, 16)
+            self.head = torch.nn.Linear(16, 100, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.lin(self.emb(x))).float().logsumexp(-1).mean()
+
+    m = Tied()
+    costs, _ = _costs(m, torch.zeros(4, 8, dtype=torch.long), CompileSettings(optimizer=None, mixed_precision=False))
+    assert sum(c.params for c in costs.values()) == sum(p.numel() for p in m.parameters())  # 1872, not 3472
+    assert costs["emb"].params == 100 * 16 and costs["head"].params == 0  # at its first user
