@@ -50,8 +50,12 @@ def summary_lines(plan: Plan) -> list[str]:
         f"Wafer: {plan.wafer.name}, {plan.wafer.num_pes:,} PEs, {human_bytes(plan.wafer.sram_bytes)} SRAM",
     ]
     if not plan.streaming:
+        memory = f"Memory (estimate): {human_bytes(plan.sram_needed_bytes)} needed of {human_bytes(plan.sram_available_bytes)} - {fit}"
+        if not plan.fits:  # a placement that overflows the wafer has no utilization or throughput to speak of
+            return lines + [memory, f"Utilization and throughput: not estimated (the model needs "
+                                    f"{plan.sram_needed_bytes / plan.sram_available_bytes:,.1f}x the wafer's SRAM)"]
         return lines + [
-            f"Memory (estimate): {human_bytes(plan.sram_needed_bytes)} needed of {human_bytes(plan.sram_available_bytes)} - {fit}",
+            memory,
             f"Utilization (estimate): {plan.total_utilization:.1%} of PEs placed, {plan.compute_utilization:.1%} of assumed peak FLOP/s",
             f"Throughput (estimate, an upper bound: ideally balanced pipeline): {plan.est_samples_per_sec:,.1f} samples/s "
             f"steady state (slowest stage: {plan.bottleneck})",

@@ -81,3 +81,16 @@ def test_a_tied_weight_counts_once() -> None:
     costs, _ = _costs(m, torch.zeros(4, 8, dtype=torch.long), CompileSettings(optimizer=None, mixed_precision=False))
     assert sum(c.params for c in costs.values()) == sum(p.numel() for p in m.parameters())  # 1872, not 3472
     assert costs["emb"].params == 100 * 16 and costs["head"].params == 0  # at its first user
+
+
+def test_a_pipelined_plan_that_does_not_fit_reports_no_utilization(tmp_path) -> None:  # noqa: ANN001
+    from csrun.compiler.report import summary_lines
+
+    m = TinyGPT()
+    r = compile_only(m, TinyGPT.batch(), settings=CompileSettings(), optimizer=torch.optim.SGD(m.parameters(), lr=0.1),
+                     model_dir=str(tmp_path), wafer=WaferSpec(num_pes=10, sram_bytes=10 * 1024))
+    assert not r.ok and r.plan is not None and not r.plan.fits
+    lines = summary_lines(r.plan)
+    assert any("DOES NOT FIT" in ln for ln in lines)
+    assert lines[-1].startswith("Utilization and throughput: not estimated (the model needs ") and "x the wafer's" in lines[-1]
+    assert not any("% of PEs placed" in ln or "samples/s" in ln for ln in lines), lines
