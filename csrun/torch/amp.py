@@ -17,7 +17,8 @@ scale; the defaults are :mod:`csrun.program.loss_scaling`'s),
 ``enabled`` (False: every call passes through).
 
 **On the CPU** (eager) the scaler does what the legacy one did there: it multiplies the loss, and
-``step`` unscales the gradients and skips the optimizer step when one is not finite; the dynamic
+``step`` unscales the gradients and skips the optimizer step when one is not finite (the step
+still counts toward the global step, so the LR schedule stays where the device's is); the dynamic
 scale halves on an overflow and doubles after ``steps_per_increase`` clean steps (torch's
 ``GradScaler`` on the CPU does the work). **On the device** the loss scaling is the device's, as
 it was on the system (the compile settings' ``loss_scaling_factor``, dynamic by default): ``scale``
@@ -116,8 +117,16 @@ class GradScaler:
                 optimizer.step()
             else:
                 self._skipped += 1
+                state().backend.skipped_step()
             return
-        self._torch.step(optimizer)
+        stepped: list[bool] = []
+        hook = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
+        try:
+            self._torch.step(optimizer)  # skips optimizer.step() when a gradient is inf/NaN
+        finally:
+            hook.remove()
+        if not stepped:
+            state().backend.skipped_step()
 
     def update(self) -> None:
         """Adjust the dynamic scale after the step (kept within min/max_loss_scale)."""

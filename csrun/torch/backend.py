@@ -71,7 +71,12 @@ class Backend(Protocol):
         """The session ended (``failed`` when it ended with an exception)."""
 
     def global_step(self) -> int:
-        """Optimizer steps taken (including the value a loaded state carried)."""
+        """Training steps taken (including the value a loaded state carried); a step whose update
+        a loss scaler skipped counts, as on the system."""
+
+    def skipped_step(self) -> None:
+        """A loss scaler skipped this step's optimizer update (a gradient was not finite); the step
+        still counts toward :meth:`global_step` (the device counts its own)."""
 
     def get_state(self) -> dict[str, Any]:
         """The legacy checkpoint state (see :mod:`csrun.driver.legacy_state`)."""
@@ -129,8 +134,12 @@ class EagerBackend:
         """Nothing to release."""
 
     def global_step(self) -> int:
-        """Optimizer steps taken."""
+        """Training steps taken (optimizer steps, and updates the loss scaler skipped)."""
         return self.rules.global_step
+
+    def skipped_step(self) -> None:
+        """Count the skipped update's step, so the schedule stays where the device's is."""
+        self.rules.global_step += 1
 
     def get_state(self) -> dict[str, Any]:
         """The model's and optimizer's state (``amp`` is ``{}``: no loss scaler on the CPU)."""

@@ -74,8 +74,11 @@ class DeviceBackend:
         self.driver.end_session(failed)
 
     def global_step(self) -> int:
-        """Optimizer steps taken (plus a loaded state's)."""
+        """Training steps taken (plus a loaded state's); the device counts a skipped update's step."""
         return self.driver.global_step
+
+    def skipped_step(self) -> None:
+        """Nothing: the device's loss scaling skips and counts its own steps."""
 
     def get_state(self) -> dict[str, Any]:
         """The legacy state; waits for every submitted step."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -239,3 +240,31 @@ def test_state_under_legacy_imports(no_slurm_env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr
     assert "{'matching': {'kernel': {'no_dcache_spill_splits': True}}}" in done.stdout
     assert "no_dcache_spill_splits = True: csrun's compiler has no such knob" in done.stderr
+
+
+@pytest.mark.parametrize("loss_scale", ["dynamic", 128.0])
+def test_a_skipped_update_still_counts_as_a_step_on_the_cpu(loss_scale: Any) -> None:
+    """As on the device: the overflowing step's update is skipped, the global step (and with it the
+    LR schedule) still advances."""
+    from csrun.program.schedules import build_schedule
+    from tests.device.helpers import WARMUP, settings
+
+    cbtorch.initialize(None, cpu=True, settings=settings())
+    torch.manual_seed(0)
+    model = cbtorch.module(torch.nn.Linear(4, 2))
+    opt = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
+    scaler = cbtorch.amp.GradScaler(loss_scale=loss_scale)
+    schedule, lrs = build_schedule(WARMUP), []
+    for i in range(5):
+        opt.zero_grad()
+        loss = model(torch.randn(2, 4)).sum() * (float("inf") if i == 2 else 1.0)
+        scaler.scale(loss).backward()
+        before = [p.clone() for p in model.parameters()]
+        scaler.step(opt)
+        scaler.update()
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        if i > 0:  # (step 0's warm-up learning rate is 0: nothing moves)
+            assert unchanged == (i == 2), i
+        lrs.append(opt.param_groups[0]["lr"])
+    assert cbtorch.global_step() == 5
+    assert lrs[3:] == [float(schedule(3)), float(schedule(4))]
