@@ -6,8 +6,9 @@ Entry points (import from here):
 - :func:`load_program` (read as data, :mod:`csrun.program.archive`) -> ``(ExportedProgram, ProgramSpec)``;
   a saved program's weights are shape-only placeholders: :func:`bind_weights` gives them
   values (``model.state_dict()`` or a checkpoint's), :func:`has_weight_values` tells;
-- :class:`CompileSettings`, :func:`settings_from_params` (legacy params YAML);
-- :func:`optimizer_spec_from_torch`, :func:`optimizer_spec_from_params`;
+- :class:`CompileSettings`, :func:`settings_from_config` (the typed params),
+  :func:`settings_from_params` (a params mapping);
+- :func:`optimizer_spec_from_torch`, :func:`optimizer_spec_from_config`, :func:`optimizer_spec_from_params`;
 - :func:`check_compile_flags` (``--compile_only`` with ``--validate_only``), :func:`check_batch`,
   :func:`check_dataloader`;
 - :class:`WaferSpec`, :data:`WSE2`, :class:`MemoryXSpec`, :data:`MEMORYX`; the errors in :mod:`csrun.compiler.errors`;
@@ -27,6 +28,7 @@ _WHERE = {
     "CompileError": "errors", "CompileFailed": "errors",
     "CompileResult": "result", "compile_only": "flow", "exit_code": "result", "load_program": "result", "validate_only": "flow",
     "learning_rate_from_torch": "optim", "optimizer_spec_from_params": "optim", "optimizer_spec_from_torch": "optim",
+    "optimizer_spec_from_config": "optim", "settings_from_config": "settings",
     "CompileSettings": "settings", "settings_from_params": "settings",
     "LossScalingSpec": "spec", "OptimizerSpec": "spec", "ProgramSpec": "spec", "TensorSpec": "spec",
     "WSE2": "wafer", "WaferSpec": "wafer", "MEMORYX": "wafer", "MemoryXSpec": "wafer",

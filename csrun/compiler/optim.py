@@ -8,6 +8,7 @@ each type keeps (for the wafer memory budget).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import torch
@@ -16,19 +17,13 @@ from csrun.compiler.errors import ConfigError, Location, UnsupportedOptimizer
 from csrun.compiler.locate import caller_location, definition_location
 from csrun.compiler.spec import OptimizerSpec
 from csrun.program import optimizers as table
+from csrun.program.optimizer_config import OptimizerConfig, read_optimizer_section
 
 _IMPLEMENTATION_KEYS = frozenset({
     "params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable", "decoupled_weight_decay",
 })
 """param_group keys that are not hyperparameters of the update rule (``decoupled_weight_decay``
 is carried by the type instead: torch's Adam with it on is AdamW)."""
-
-_PARAMS_KEYS = table.HYPERPARAMETER_KEYS | {
-    "optimizer_type", "learning_rate", "loss_scaling_factor", "initial_loss_scale", "steps_per_increase",
-    "min_loss_scale", "max_loss_scale", "max_gradient_norm", "max_gradient_value", "grad_accum_steps",
-}
-"""Keys the legacy ``optimizer:`` section may hold."""
-
 
 def legacy_type_of(optimizer: torch.optim.Optimizer) -> str | None:
     """The legacy type of a torch optimizer object, or None when the system has none.
@@ -128,32 +123,34 @@ def learning_rate_from_torch(optimizer: torch.optim.Optimizer) -> float:
     return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
 
 
-def optimizer_spec_from_params(section: Mapping[str, Any]) -> OptimizerSpec:
-    """The :class:`OptimizerSpec` of the legacy params ``optimizer:`` section.
+def optimizer_spec_from_config(config: OptimizerConfig) -> OptimizerSpec:
+    """The :class:`OptimizerSpec` of a checked params ``optimizer:`` section: the one translation.
 
-    ``optimizer_type`` is case-insensitive; the hyperparameters are
-    :func:`csrun.program.optimizers.spec_hyperparameters` of the section (the type's own keys at
-    their value or default, legacy keys under torch's names). Learning rate, loss scaling,
-    clipping and accumulation are read by :func:`csrun.compiler.settings.settings_from_params`,
-    not here. Unknown keys are errors.
+    The hyperparameters are :func:`csrun.program.optimizers.spec_hyperparameters` of the section
+    (the type's own keys at their value or default, legacy keys under torch's names). Learning
+    rate, loss scaling, clipping and accumulation go into the compile settings
+    (:func:`csrun.compiler.settings.settings_from_config`), not here.
     """
-    unknown = sorted(set(section) - _PARAMS_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown key(s) in params optimizer section: {', '.join(unknown)}",
-                          fix="valid keys: " + ", ".join(sorted(_PARAMS_KEYS)))
-    raw_type = section.get("optimizer_type")
-    if not isinstance(raw_type, str):
-        raise ConfigError(f"optimizer.optimizer_type must be a string, got {raw_type!r}",
-                          fix="set optimizer_type to one of: " + ", ".join(table.NAMES))
-    kind = raw_type.lower()
-    if kind not in table.OPTIMIZERS:
-        raise UnsupportedOptimizer(f"optimizer_type {raw_type!r} is not one the system has",
-                                   fix="use one of: " + ", ".join(table.NAMES))
     try:
-        hp = table.spec_hyperparameters(section)
+        hp = table.spec_hyperparameters(dataclasses.asdict(config))
     except ValueError as exc:
         raise ConfigError(f"optimizer: {exc}") from None
-    return OptimizerSpec(type=kind, hyperparameters=hp)
+    return OptimizerSpec(type=config.optimizer_type.lower(), hyperparameters=hp)
+
+
+def optimizer_spec_from_params(section: Mapping[str, Any]) -> OptimizerSpec:
+    """:func:`optimizer_spec_from_config` of a params ``optimizer:`` mapping as written in YAML.
+
+    The section is read by :func:`csrun.program.optimizer_config.read_optimizer_section` (the
+    typed config run.py reads it with: unknown keys, wrong types and a missing
+    ``learning_rate`` are :class:`ConfigError`); an ``optimizer_type`` the system does not have
+    is :class:`UnsupportedOptimizer`.
+    """
+    raw_type = section.get("optimizer_type") if isinstance(section, Mapping) else None
+    if isinstance(raw_type, str) and raw_type.lower() not in table.OPTIMIZERS:
+        raise UnsupportedOptimizer(f"optimizer_type {raw_type!r} is not one the system has",
+                                   fix="use one of: " + ", ".join(table.NAMES))
+    return optimizer_spec_from_config(read_optimizer_section(section))
 
 
 def state_slots(spec: OptimizerSpec | None) -> float:

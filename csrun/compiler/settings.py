@@ -1,7 +1,9 @@
 """Compile settings: what the program spec needs besides the captured graph.
 
 Built either by the user API (from a torch optimizer object and flags) or from the legacy
-params YAML (:func:`settings_from_params`). :meth:`CompileSettings.program_spec` combines them
+params: the typed sections (:func:`settings_from_config`, what the runner uses) or a params
+mapping (:func:`settings_from_params`, which reads its ``optimizer:`` section through the same
+typed config). :meth:`CompileSettings.program_spec` combines them
 with the captured input schema into the :class:`~csrun.compiler.spec.ProgramSpec`.
 """
 
@@ -11,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from csrun.compiler.errors import ConfigError
-from csrun.compiler.optim import optimizer_spec_from_params
+from csrun.compiler.optim import optimizer_spec_from_config
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
 from csrun.program.execution import EXECUTION_STRATEGIES, PIPELINE, WEIGHT_STREAMING
+from csrun.program.optimizer_config import OptimizerConfig, read_optimizer_section
 
 RUN_MODES = ("train", "eval", "train_and_eval")
 """run.py ``--mode`` values."""
@@ -86,65 +89,61 @@ class CompileSettings:
             max_gradient_value=self.max_gradient_value, outputs=outputs)
 
 
-def _float_or_none(section: Mapping[str, Any], key: str) -> float | None:
-    v = section.get(key)
-    if v is None:
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"optimizer.{key} must be a number, got {v!r}", fix=f"set {key} to a number or remove it") from None
-
-
-def loss_scaling_from_params(section: Mapping[str, Any]) -> LossScalingSpec:
-    """Loss scaling from the optimizer section (``loss_scaling_factor``: number or ``"dynamic"``)."""
-    factor = section.get("loss_scaling_factor", 1.0)
-    if isinstance(factor, str):
-        if factor.lower() != "dynamic":
-            raise ConfigError(f"optimizer.loss_scaling_factor must be a number or 'dynamic', got {factor!r}",
-                              fix="set loss_scaling_factor to a number (e.g. 1.0) or \"dynamic\"")
-        factor = "dynamic"
-    else:
-        factor = float(factor)
-    d = LossScalingSpec()
+def loss_scaling_from_config(config: OptimizerConfig) -> LossScalingSpec:
+    """Loss scaling from the optimizer section (``loss_scaling_factor``: a number or ``"dynamic"``)."""
+    factor = config.loss_scaling_factor
     return LossScalingSpec(
-        factor=factor,
-        initial_loss_scale=float(section.get("initial_loss_scale", d.initial_loss_scale)),
-        steps_per_increase=int(section.get("steps_per_increase", d.steps_per_increase)),
-        min_loss_scale=float(section.get("min_loss_scale", d.min_loss_scale)),
-        max_loss_scale=float(section.get("max_loss_scale", d.max_loss_scale)))
+        factor="dynamic" if factor == "dynamic" else float(factor),
+        initial_loss_scale=float(config.initial_loss_scale), steps_per_increase=int(config.steps_per_increase),
+        min_loss_scale=float(config.min_loss_scale), max_loss_scale=float(config.max_loss_scale))
 
 
-def settings_from_params(params: Mapping[str, Any], *, mode: str = "train") -> CompileSettings:
-    """Compile settings from the legacy params dict (the YAML, already loaded).
+def _float_or_none(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
-    Reads ``optimizer`` (type, hyperparameters, ``learning_rate``, loss scaling, clipping,
-    ``grad_accum_steps``), ``model.mixed_precision`` (required), ``csconfig.use_cbfloat16``
-    (``model.use_cbfloat16`` also accepted) and ``runconfig.execution_strategy`` (default
-    ``pipeline``). ``mode`` is run.py's ``--mode``.
+
+def settings_from_config(optimizer: OptimizerConfig | None, *, mode: str = "train", mixed_precision: bool,
+                         use_cbfloat16: bool = False, execution_strategy: str = PIPELINE) -> CompileSettings:
+    """Compile settings from the typed params: the one translation of an ``optimizer:`` section.
+
+    ``optimizer`` is the checked section (None: no section, allowed for ``mode="eval"``);
+    the rest are ``model.mixed_precision``, ``csconfig.use_cbfloat16`` and
+    ``runconfig.execution_strategy``. ``mode`` is run.py's ``--mode``.
     """
     if mode not in RUN_MODES:
         raise ConfigError(f"mode {mode!r} is not one of {', '.join(RUN_MODES)}", fix="pass --mode train or --mode eval")
+    if optimizer is None:
+        if mode != "eval":
+            raise ConfigError("params has no optimizer section",
+                              fix="add optimizer: {optimizer_type: sgd, learning_rate: 0.001}")
+        return CompileSettings(mode=mode, mixed_precision=mixed_precision, use_cbfloat16=use_cbfloat16,
+                               execution_strategy=execution_strategy)
+    return CompileSettings(
+        mode=mode, optimizer=optimizer_spec_from_config(optimizer), learning_rate=optimizer.learning_rate,
+        mixed_precision=mixed_precision, use_cbfloat16=use_cbfloat16,
+        loss_scaling=loss_scaling_from_config(optimizer),
+        max_gradient_norm=_float_or_none(optimizer.max_gradient_norm),
+        max_gradient_value=_float_or_none(optimizer.max_gradient_value),
+        grad_accum_steps=optimizer.grad_accum_steps, execution_strategy=execution_strategy)
+
+
+def settings_from_params(params: Mapping[str, Any], *, mode: str = "train") -> CompileSettings:
+    """Compile settings from a legacy params mapping (the YAML, already loaded; for scripts and benchmarks).
+
+    The ``optimizer`` section is read as run.py reads it
+    (:func:`csrun.program.optimizer_config.read_optimizer_section`); besides it,
+    ``model.mixed_precision`` (required), ``csconfig.use_cbfloat16`` (``model.use_cbfloat16``
+    also accepted) and ``runconfig.execution_strategy`` (default ``pipeline``). Then
+    :func:`settings_from_config`.
+    """
     model = params.get("model") or {}
     if "mixed_precision" not in model:
         raise ConfigError("params model.mixed_precision is required",
                           fix="set model.mixed_precision: True (the system trains in mixed precision)")
     csconfig = params.get("csconfig") or {}
-    use_cb = bool(csconfig.get("use_cbfloat16", model.get("use_cbfloat16", False)))
-    section = params.get("optimizer") or {}
-    optimizer = optimizer_spec_from_params(section) if section else None
-    if optimizer is None and mode != "eval":
-        raise ConfigError("params has no optimizer section", fix="add optimizer: {optimizer_type: sgd, learning_rate: 0.001}")
-    try:
-        accum = int(section.get("grad_accum_steps", 1) or 1)
-    except (TypeError, ValueError):
-        raise ConfigError(f"optimizer.grad_accum_steps must be an integer, got {section.get('grad_accum_steps')!r}",
-                          fix="set grad_accum_steps to 1") from None
-    return CompileSettings(
-        mode=mode, optimizer=optimizer, learning_rate=section.get("learning_rate", 0.0),
-        mixed_precision=bool(model["mixed_precision"]), use_cbfloat16=use_cb,
-        loss_scaling=loss_scaling_from_params(section),
-        max_gradient_norm=_float_or_none(section, "max_gradient_norm"),
-        max_gradient_value=_float_or_none(section, "max_gradient_value"),
-        grad_accum_steps=accum,
+    section = params.get("optimizer")
+    return settings_from_config(
+        read_optimizer_section(section) if section else None, mode=mode,
+        mixed_precision=bool(model["mixed_precision"]),
+        use_cbfloat16=bool(csconfig.get("use_cbfloat16", model.get("use_cbfloat16", False))),
         execution_strategy=str((params.get("runconfig") or {}).get("execution_strategy") or PIPELINE))

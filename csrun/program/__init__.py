@@ -13,6 +13,9 @@ here, below both of them (see ARCHITECTURE.md and tests/test_layering.py):
   defaults (eps, betas, ...), the legacy-key mapping (``beta1``/``beta2`` -> ``betas``, ...) and
   the one translation from a params ``optimizer:`` section to the spec's hyperparameters, so
   that ``params_train.yaml``, the compiled spec and the engine's optimizer agree.
+- ``csrun.program.optimizer_config`` — :class:`OptimizerConfig`, the params ``optimizer:``
+  section as a typed dataclass: the one reader of that section (run.py's params and the
+  compiler's dict API both read through it).
 - ``csrun.program.loss_scaling`` — dynamic loss scaling's defaults (params, spec, engine and
   ``cbtorch.amp`` read them).
 - ``csrun.program.schedules`` — the LR schedules: the legacy ``learning_rate`` value as a pure

@@ -15,7 +15,7 @@ the compiled spec and the engine's optimizer agree for every type).
     :data:`TORCH_CLASSES` maps a ``torch.optim`` class name back to its legacy type.
 :data:`HYPERPARAMETER_DEFAULTS`
     The default of each legacy hyperparameter key of the params ``optimizer:`` section (the
-    typed :class:`csrun.run.params.OptimizerConfig` declares its fields with them). They are
+    typed :class:`csrun.program.optimizer_config.OptimizerConfig` declares its fields with them). They are
     torch's defaults for every type whose update reads the key, with one exception on purpose:
     ``weight_decay_rate`` is 0.0 for AdamW too (torch's is 0.01).
 :func:`default_eps`
@@ -23,8 +23,8 @@ the compiled spec and the engine's optimizer agree for every type).
     1e-6 for LAMB and for AdamW without bias correction (the legacy model zoo's), None for the
     types that have none (sgd, asgd, rprop) or their own form (adafactor: ``eps1``/``eps2``).
 :func:`spec_hyperparameters`
-    The one translation from a params ``optimizer:`` section (the YAML as read, or the typed
-    config's ``to_dict()``) to the hyperparameters of the compiled spec's optimizer: every key
+    The one translation from a params ``optimizer:`` section (the typed
+    :class:`~csrun.program.optimizer_config.OptimizerConfig` as a dict) to the hyperparameters of the compiled spec's optimizer: every key
     the type's update reads, at its value or its default (so the engine never falls back to a
     torch default that ``params_train.yaml`` does not show); a key the type does not read only
     when it is not at its default (the engine refuses it, e.g. ``correct_bias`` for sgd).
@@ -103,15 +103,15 @@ NO_BIAS_CORRECTION_EPS = 1e-6
 
 HYPERPARAMETER_DEFAULTS: dict[str, Any] = {
     "momentum": 0.0, "nesterov": False, "weight_decay_rate": 0.0, "beta1": 0.9, "beta2": 0.999,
-    "correct_bias": True, "rho": 0.9, "alpha": 0.99, "centered": False, "initial_accumulator_value": 0.0,
+    "correct_bias": True, "amsgrad": False, "rho": 0.9, "alpha": 0.99, "centered": False,
+    "initial_accumulator_value": 0.0, "lr_decay": 0.0,
 }
 """Legacy hyperparameter key -> its default (``eps``: :func:`default_eps`, per type)."""
 
 DEFAULT_BETAS = (HYPERPARAMETER_DEFAULTS["beta1"], HYPERPARAMETER_DEFAULTS["beta2"])
 """``betas`` when neither ``beta1`` nor ``beta2`` is given."""
 
-HYPERPARAMETER_KEYS = frozenset({*HYPERPARAMETER_DEFAULTS, "eps", "epsilon", "amsgrad", "lr_decay",
-                                 "exclude_from_weight_decay"})
+HYPERPARAMETER_KEYS = frozenset({*HYPERPARAMETER_DEFAULTS, "eps", "exclude_from_weight_decay"})
 """The keys of a params ``optimizer:`` section that :func:`spec_hyperparameters` translates (the
 rest, learning rate, loss scaling, clipping, accumulation, are not the optimizer's)."""
 
@@ -188,7 +188,7 @@ def spec_hyperparameters(section: Mapping[str, Any]) -> dict[str, Any]:
             continue
         chosen[key] = value
     for key in own:
-        if key in chosen or (key == "eps" and "epsilon" in chosen):
+        if key in chosen:
             continue
         if key == "eps":
             chosen[key] = default_eps(kind, correct_bias=bool(chosen.get("correct_bias", True)))

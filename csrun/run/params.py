@@ -5,7 +5,9 @@ A params file has the sections ``runconfig``, ``optimizer``, ``model``, ``train_
 holds several such sets). ``model`` (and, where a model has processor fields, the inputs)
 are the model's own dataclasses, subclasses of :class:`ModelConfig` and :class:`InputConfig`.
 The input section is modelled once, in :mod:`csrun.data.config`: :class:`InputConfig` here is
-that class, so a section reads the same through the runner and through the data loader.
+that class, so a section reads the same through the runner and through the data loader; the
+``optimizer`` section likewise is :class:`csrun.program.optimizer_config.OptimizerConfig`, the
+class the compiler reads a section through.
 Every section is read by :mod:`csrun.typed_config` (fields declared with :func:`doc` /
 :func:`required`, bounds included); unknown keys, wrong types and impossible combinations are
 :class:`~csrun.errors.ConfigError` (exit 2) naming the YAML path of the bad key and the valid
@@ -22,13 +24,8 @@ from typing import Any, Literal
 import yaml
 
 from csrun.data.config import InputConfig
-from csrun.program.loss_scaling import (
-    INITIAL_LOSS_SCALE,
-    MAX_LOSS_SCALE,
-    MIN_LOSS_SCALE,
-    STEPS_PER_INCREASE,
-)
-from csrun.program.optimizers import HYPERPARAMETER_DEFAULTS as OPT, NAMES, OptimizerType, default_eps
+from csrun.program.optimizer_config import OptimizerConfig
+from csrun.program.optimizers import OptimizerType
 from csrun.typed_config import (
     ConfigError,
     check_fields,
@@ -37,8 +34,8 @@ from csrun.typed_config import (
     setting,
 )
 
-__all__ = ["CSConfig", "ConfigError", "InputConfig", "ModelConfig", "OptimizerConfig", "Params", "RunConfig",
-           "check_params", "doc", "params_from_dict", "read_yaml", "required"]
+__all__ = ["CSConfig", "ConfigError", "InputConfig", "ModelConfig", "OptimizerConfig", "OptimizerType", "Params",
+           "RunConfig", "check_params", "doc", "params_from_dict", "read_yaml", "required"]
 
 
 doc = setting
@@ -95,47 +92,6 @@ class RunConfig:
         for name in ("logging", "streamer_logging"):
             if self.__dict__[name].upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
                 raise ConfigError(f"runconfig.{name}: {self.__dict__[name]!r} is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
-
-
-@dataclass(kw_only=True)
-class OptimizerConfig:
-    """``optimizer``: the optimizer, its schedule, loss scaling and clipping (run on the device)."""
-
-    optimizer_type: OptimizerType = required("one of " + ", ".join(NAMES) + " (any case)")
-    learning_rate: float | dict[str, Any] | list[dict[str, Any]] = required("a number, a {scheduler: ...} mapping, or a list of them")
-    momentum: float = doc(OPT["momentum"], "SGD / RMSprop momentum")
-    nesterov: bool = doc(OPT["nesterov"], "SGD Nesterov momentum")
-    weight_decay_rate: float = doc(OPT["weight_decay_rate"], "weight decay")
-    beta1: float = doc(OPT["beta1"], "Adam-family first-moment decay")
-    beta2: float = doc(OPT["beta2"], "Adam-family second-moment decay")
-    eps: float | None = doc(None, "the optimizer's epsilon (default: its own, see csrun.program.optimizers; "
-                                  "params_train.yaml records the value that runs)")
-    correct_bias: bool = doc(OPT["correct_bias"], "Adam/AdamW/LAMB bias correction")
-    exclude_from_weight_decay: list[str] = doc([], "parameter-name substrings that get no weight decay (e.g. bias, LayerNorm)")
-    rho: float = doc(OPT["rho"], "Adadelta decay")
-    alpha: float = doc(OPT["alpha"], "RMSprop smoothing")
-    centered: bool = doc(OPT["centered"], "RMSprop centered")
-    initial_accumulator_value: float = doc(OPT["initial_accumulator_value"], "Adagrad initial accumulator")
-    loss_scaling_factor: float | Literal["dynamic"] = doc(1.0, "a number, or 'dynamic'")
-    initial_loss_scale: float = doc(INITIAL_LOSS_SCALE, "dynamic scaling: the first scale")
-    steps_per_increase: int = doc(STEPS_PER_INCREASE, "dynamic scaling: good steps before the scale doubles")
-    min_loss_scale: float = doc(MIN_LOSS_SCALE, "dynamic scaling: lower bound")
-    max_loss_scale: float = doc(MAX_LOSS_SCALE, "dynamic scaling: upper bound")
-    max_gradient_norm: float | None = doc(None, "clip the global gradient norm to this")
-    max_gradient_value: float | None = doc(None, "clip every gradient element to +-this")
-    grad_accum_steps: int = doc(1, "gradient accumulation (CPU, and weight-streaming mode on the system; refused "
-                                    "pipelined on the system)")
-
-    def check(self) -> None:
-        """Refuse impossible values, naming the keys; fill in the epsilon the optimizer runs with."""
-        if self.eps is None:
-            self.eps = default_eps(self.optimizer_type, correct_bias=self.correct_bias)
-        if self.max_gradient_norm is not None and self.max_gradient_value is not None:
-            raise ConfigError("optimizer: give one of max_gradient_norm and max_gradient_value, not both")
-        if self.grad_accum_steps < 1:
-            raise ConfigError(f"optimizer.grad_accum_steps: {self.grad_accum_steps} must be at least 1")
-        if not 0 < self.min_loss_scale <= self.initial_loss_scale <= self.max_loss_scale:
-            raise ConfigError("optimizer: need 0 < min_loss_scale <= initial_loss_scale <= max_loss_scale")
 
 
 @dataclass(kw_only=True)
@@ -236,7 +192,6 @@ def check_params(params: Params) -> None:
     params.runconfig.check()
     if params.optimizer is not None:
         params.optimizer.check()
-        check_learning_rate(params.optimizer.learning_rate)
     mode = params.runconfig.mode
     if mode in ("train", "train_and_eval"):
         if params.optimizer is None:
@@ -249,13 +204,3 @@ def check_params(params: Params) -> None:
             raise ConfigError(f"eval_input: required section missing for --mode {mode}")
         params.eval_input.check("eval_input")
 
-
-def check_learning_rate(learning_rate: Any) -> None:
-    """Refuse a ``learning_rate`` the schedule builder cannot run (the emulator's own rules)."""
-    from csrun.emulator.errors import SpecError
-    from csrun.program.schedules import build_schedule
-
-    try:
-        build_schedule(learning_rate)
-    except SpecError as exc:
-        raise ConfigError(f"optimizer.{exc}") from None

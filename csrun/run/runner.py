@@ -14,7 +14,7 @@ import torch
 
 import csrun.torch as cbtorch
 from csrun.cluster import cluster_info
-from csrun.compiler.settings import settings_from_params
+from csrun.compiler.settings import CompileSettings, settings_from_config
 from csrun.emulator.errors import DeviceError
 from csrun.errors import EnvironmentFailure, UsageError, UserError, describe_os_error, os_error_in
 from csrun.run import cli_args, loops
@@ -198,6 +198,13 @@ def _environment_failure(exc: BaseException) -> str | None:
     return None if err is None else describe_os_error(err)
 
 
+def compile_settings(params: Params, *, mode: str) -> CompileSettings:
+    """The compile settings of typed params for run.py's ``mode`` (``eval_all`` compiles ``eval``)."""
+    return settings_from_config(params.optimizer, mode=mode, mixed_precision=params.model.mixed_precision,
+                                use_cbfloat16=params.csconfig.use_cbfloat16,
+                                execution_strategy=params.runconfig.execution_strategy)
+
+
 def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params], torch.nn.Module],
          train_input_fn: Callable[[Params], Any] | None, eval_input_fn: Callable[[Params], Any] | None,
          eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> int:
@@ -206,7 +213,7 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
     setup_logging(rc.logging if is_chief else rc.streamer_logging)
     mode = rc.mode
     try:
-        settings = settings_from_params(params.to_dict(), mode="eval" if mode == "eval_all" else mode)
+        settings = compile_settings(params, mode="eval" if mode == "eval_all" else mode)
     except UserError as exc:
         raise ConfigError(str(exc)) from None
     model_dir = Path(rc.model_dir)

@@ -27,9 +27,10 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from csrun.compiler import compile_only, exit_code, settings_from_params, validate_only
+from csrun.compiler import compile_only, exit_code, validate_only
 from csrun.errors import UserError
 from csrun.run import cli_args
+from csrun.run.runner import compile_settings
 from csrun.typed_config import ConfigError
 
 FLAG = "--shapes_only"
@@ -74,7 +75,7 @@ def compile_shapes_only(argv: list[str], *, model_fn: Any, model_config: type, i
             raise ShapesOnlyNeedsCompile(f"{FLAG}: meta tensors have no values to train on",
                                          fix="add --compile_only (or --validate_only), or drop --shapes_only")
         mode = "eval" if rc.mode in ("eval", "eval_all") else rc.mode
-        settings = settings_from_params(params.to_dict(), mode=mode)
+        settings = compile_settings(params, mode=mode)
         section = params.eval_input if mode == "eval" else params.train_input
         with torch.device("meta"):
             model = model_fn(params)

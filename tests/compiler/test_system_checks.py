@@ -213,7 +213,10 @@ def test_settings_from_legacy_params() -> None:
         optimizer_spec_from_params({"optimizer_type": "sgd", "momentun": 0.9})
     with pytest.raises(ConfigError, match="mixed_precision"):
         settings_from_params({"optimizer": {"optimizer_type": "sgd"}})
-    accum = settings_from_params({"model": {"mixed_precision": False}, "optimizer": {"optimizer_type": "sgd", "grad_accum_steps": 2}})
+    with pytest.raises(ConfigError, match="learning_rate"):  # required, as in run.py's params
+        optimizer_spec_from_params({"optimizer_type": "sgd"})
+    accum = settings_from_params({"model": {"mixed_precision": False},
+                                  "optimizer": {"optimizer_type": "sgd", "learning_rate": 0.1, "grad_accum_steps": 2}})
     assert accum.grad_accum_steps == 2 and accum.precision == "float32"
 
 

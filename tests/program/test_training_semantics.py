@@ -26,14 +26,18 @@ import pytest
 import torch
 import yaml
 
+from csrun.compiler.optim import optimizer_spec_from_params
 from csrun.compiler.settings import settings_from_params
+from csrun.errors import ConfigError
 from csrun.compiler.spec import LossScalingSpec, ProgramSpec
 from csrun.emulator.engine import Engine
 from csrun.emulator.loss_scaling import LossScaler
 from csrun.emulator.optimizers import AdamWNoBiasCorrection
 from csrun.program import loss_scaling as scaling_table
+from csrun.program import optimizer_config
 from csrun.program import optimizers as table
 from csrun.run.params import OptimizerConfig, params_from_dict
+from csrun.run.runner import compile_settings
 from csrun.run.summaries import write_params
 from tests.conftest import REPO
 from tests.run.conftest import DEBUG_YAML, _one_thread, fc_mnist  # noqa: F401  (fixtures)
@@ -73,7 +77,7 @@ def run_all_three(section: dict[str, Any], tmp_path: Path) -> tuple[dict, Progra
     doc["optimizer"] = {"learning_rate": 0.01, **section}
     params = params_from_dict(doc)
     written = yaml.safe_load(write_params(tmp_path, "train", params.to_dict()).read_text())["optimizer"]
-    settings = settings_from_params(params.to_dict(), mode="train")  # what the runner hands the compiler
+    settings = compile_settings(params, mode="train")  # what the runner hands the compiler
     spec = ProgramSpec.from_json(settings.program_spec(inputs=(), input_tree="", outputs=("loss",)).to_json())
     return written, spec, Engine(_program(), spec, notice=lambda _: None)
 
@@ -151,12 +155,37 @@ def test_an_explicit_eps_reaches_the_engine(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind, extra", CASES, ids=IDS)
 def test_a_bare_params_dict_compiles_to_the_same_spec(kind: str, extra: dict) -> None:
-    """settings_from_params on a YAML section as written (no typed params) fills the same defaults."""
+    """settings_from_params on a YAML mapping as written fills the same defaults as the runner's typed path."""
     doc = copy.deepcopy(BASE)
     doc["optimizer"] = {"optimizer_type": kind, "learning_rate": 0.01, **extra}
-    bare = settings_from_params(doc, mode="train").optimizer
-    typed = settings_from_params(params_from_dict(doc).to_dict(), mode="train").optimizer
+    bare = settings_from_params(doc, mode="train")
+    typed = compile_settings(params_from_dict(doc), mode="train")
     assert bare == typed
+
+
+def test_one_reader_of_the_optimizer_section(tmp_path: Path) -> None:
+    """run.py's params, the compiler's dict API and optimizer_spec_from_params accept the same keys
+    (amsgrad and lr_decay reach the spec through all three) and refuse the same ones with the same message."""
+    doc = copy.deepcopy(BASE)
+    doc["optimizer"] = {"optimizer_type": "Adam", "learning_rate": 0.01, "amsgrad": True}
+    typed = compile_settings(params_from_dict(doc), mode="train").optimizer
+    assert typed == settings_from_params(doc, mode="train").optimizer == optimizer_spec_from_params(doc["optimizer"])
+    assert typed is not None and typed.hyperparameters["amsgrad"] is True
+    doc["optimizer"] = {"optimizer_type": "adagrad", "learning_rate": 0.01, "lr_decay": 0.5}
+    assert optimizer_spec_from_params(doc["optimizer"]).hyperparameters["lr_decay"] == 0.5
+    for kind, key, value in (("adam", "amsgrad", True), ("adagrad", "lr_decay", 0.5)):
+        written, _, engine = run_all_three({"optimizer_type": kind, key: value}, tmp_path)
+        assert engine.optimizer is not None
+        assert written[key] == engine.optimizer.param_groups[0][key] == value, (kind, key)
+    doc["optimizer"] = {"optimizer_type": "sgd", "learning_rate": 0.01, "epsilon": 1e-3}
+    messages = []
+    for read in (lambda: params_from_dict(doc), lambda: settings_from_params(doc),
+                 lambda: optimizer_spec_from_params(doc["optimizer"])):
+        with pytest.raises(ConfigError) as info:
+            read()
+        messages.append(str(info.value))
+    assert "optimizer.epsilon" in messages[0] and messages.count(messages[0]) == 3, messages
+    assert OptimizerConfig is optimizer_config.OptimizerConfig
 
 
 def test_typed_config_defaults_are_the_tables() -> None:

@@ -166,10 +166,10 @@ def test_amp_static_scale_skips_an_overflowing_step() -> None:
 
 
 def test_amp_grad_scaler_on_the_device_leaves_the_scaling_to_it(tmp_path: Path) -> None:
-    from csrun.compiler.settings import loss_scaling_from_params
+    from csrun.compiler.spec import LossScalingSpec
     from tests.device.helpers import settings
 
-    dynamic = loss_scaling_from_params({"loss_scaling_factor": "dynamic"})
+    dynamic = LossScalingSpec(factor="dynamic")
     cbtorch.initialize("embedded", settings=settings(mixed_precision=True, loss_scaling=dynamic),
                        model_dir=str(tmp_path))
     model = cbtorch.module(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)))
