@@ -78,6 +78,10 @@ Environment:
     How programs in float16 / bfloat16 compute: ``rounding`` (the default on CPU: float32
     kernels with the values rounded where a 16-bit datapath rounds, see
     :mod:`csrun.emulator.half_emulation`) or ``autocast`` (16-bit kernels; the default on CUDA).
+``CSRUN_ENGINE_TRACE``
+    ``auto`` (the default: on a CPU, the program's forward runs as a checked TorchScript trace
+    of the captured graph, the same numbers bit for bit, see
+    :mod:`csrun.emulator.traced_forward`) or ``off`` (the graph as captured).
 
 Signals: SIGTERM and SIGINT stop the server cleanly (connections are closed, exit status 0).
 Exit status: 0 after a clean stop, 2 for a bad option or value (an insecure token, token file or

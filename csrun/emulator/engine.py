@@ -25,6 +25,7 @@ from csrun.emulator import (
     loss_scaling,
     optimizers,
     precision,
+    traced_forward,
 )
 from csrun.emulator.errors import SpecError
 from csrun.program import schedules
@@ -183,6 +184,9 @@ class Engine:
                             fresh_buffers[id(b)] = b.clone()
                         mod._buffers[name] = fresh_buffers[id(b)]
         self.module = module
+        self._forward: Callable[[Any], Any] | None = None  # chosen at the first step (_forward_for)
+        self._trace = (traced_forward.trace_mode() == "auto" and self.device.type == "cpu"
+                       and (self.half_weights is not None or self.precision not in ("float16", "bfloat16")))
         if self.half_weights is not None:
             self.half_weights.bind()  # the leaves follow the fresh weights
         self.named_params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -231,6 +235,14 @@ class Engine:
                         f"({type(exc).__name__}: {exc}); running it under autocast")
             return None
         return half_emulation.apply_half_emulation(module, dtype, dtypes)
+
+    def _forward_for(self, inputs: Any) -> Callable[[Any], Any]:
+        """The forward to run: a checked trace of the graph on a CPU without autocast
+        (:mod:`csrun.emulator.traced_forward`), else the graph; chosen at the first step."""
+        if self._forward is None:
+            traced = traced_forward.TracedForward.build(self.module, inputs) if self._trace else None
+            self._forward = traced if traced is not None else self.module
+        return self._forward
 
     def _forward_context(self) -> Any:
         """autocast for 16-bit compute on 16-bit kernels; nothing when the graph rounds itself."""
@@ -287,7 +299,7 @@ class Engine:
         inputs = self._to_device(batch)
         if not self.training:
             with torch.no_grad(), self._forward_context():
-                loss, extra = _split_outputs(self.module(inputs))
+                loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
             return {"loss": loss.detach().float(), **{k: v.detach() if isinstance(v, torch.Tensor) else v
                                                       for k, v in extra.items()}}
         opt, schedule, scaler = self.optimizer, self.schedule, self.scaler
@@ -296,7 +308,7 @@ class Engine:
         lr = schedule(self._step)
         scale = scaler.scale
         with self._forward_context():
-            loss, extra = _split_outputs(self.module(inputs))
+            loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
         loss = loss.float()
         out: dict[str, Any] = {
             "loss": loss.detach(),
@@ -378,7 +390,9 @@ class Engine:
             return
         if self.optimizer is not None and state.get("optimizer") is not None:
             foreach = [g.get("foreach") for g in self.optimizer.param_groups]
-            self.optimizer.load_state_dict(state["optimizer"])
+            # copies: torch's optimizer keeps the given tensors, and the update would change the caller's state
+            self.optimizer.load_state_dict(pytree.tree_map(
+                lambda t: t.clone() if isinstance(t, torch.Tensor) else t, state["optimizer"]))
             for group, flag in zip(self.optimizer.param_groups, foreach):
                 group["foreach"] = flag  # how the update runs is the device's choice, not the checkpoint's
         if self.scaler is not None and state.get("scaler") is not None:

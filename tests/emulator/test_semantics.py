@@ -138,6 +138,27 @@ def test_checkpoint_resume_equals_uninterrupted() -> None:
     assert end_b["global_step"] == 10
 
 
+def test_a_loaded_state_is_copied_not_shared() -> None:
+    """Training after load_state_dict leaves the caller's state as it was (torch's optimizer keeps
+    the tensors it is given: they used to be the device's moments from then on), so loading the
+    same state twice gives the same run."""
+    batches = mlp_batches(4)
+    ep, spec = make_program(MLP(), batches[0], optimizer=OptimizerSpec(type="adamw", hyperparameters={}))
+    source = Engine(ep, spec, notice=quiet)
+    for b in batches:
+        source.run_step(b)
+    saved = source.state_dict()
+    before = [t.clone() for t in torch.utils._pytree.tree_leaves(saved["optimizer"]) if isinstance(t, torch.Tensor)]
+    runs = []
+    for _ in range(2):
+        engine = Engine(ep, spec, notice=quiet)
+        engine.load_state_dict(saved)
+        runs.append([engine.run_step(b)["loss"].item() for b in batches])
+    after = [t for t in torch.utils._pytree.tree_leaves(saved["optimizer"]) if isinstance(t, torch.Tensor)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert runs[0] == runs[1]
+
+
 def test_eval_program_runs_forward_only() -> None:
     batches = mlp_batches(3)
     ep, _ = make_program(MLP(), batches[0])
