@@ -12,6 +12,14 @@ is re-posted and credited again. The chief takes batches round-robin over the st
 the sequence it sees depends on the data alone; epoch ends, errors and the stop handshake
 are small fixed-size int64 control headers on their own tags (see :mod:`csrun.stream.wire`).
 
+What a waiting task costs: no wait calls MPICH's blocking ``Recv``/``Wait`` (its progress
+engine spins inside them); every wait polls with ``Test`` and sleeps between polls
+(:class:`~csrun.stream.wire.Backoff`). A streamer waiting for credit costs ~0.03 of a core
+when credit comes every 20 ms and ~0.05-0.06 when it comes every 3.5-7 ms (the README's main
+job; ``bench/stream/idle_cpu.py``; BENCHMARKS.md): the cost is its polls, ~25 µs each. The
+chief waiting for a batch polls flat out for 2 ms, then sleeps up to 0.5 ms, so a ready batch
+is seen at once and a late one within 0.5 ms.
+
 Modules: :mod:`~csrun.stream.schema` (structure and buffers), :mod:`~csrun.stream.wire`
 (tags, headers, timeouts), :mod:`~csrun.stream.source` (what a streamer streams),
 :mod:`~csrun.stream.sender` (streamer side), :mod:`~csrun.stream.receiver` (chief side),

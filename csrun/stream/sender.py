@@ -105,7 +105,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
     inflight: deque[tuple[list[Any], list[Any]]] = deque()  # (requests, buffers they read)
     epoch = 0
     t_start = time.monotonic()
-    backoff, moving = Backoff.streamer(), Backoff.transfer()
+    backoff, moving = Backoff.streamer(), Backoff.sending()
     while True:
         credit.poll()
         if credit.stopped:
@@ -136,7 +136,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
                 while inflight and MPI.Request.Testall(inflight[0][0]):
                     inflight.popleft()
                 credit.poll()
-                (moving if inflight else backoff).idle()  # sends in flight move only while polled
+                (moving if inflight else backoff).idle()  # sends in flight move only while polled: poll them, asleep between
             stats.credit_wait_s += time.monotonic() - t0
             stats.credit_wait_cpu_s += time.process_time() - c0
         if credit.stopped:

@@ -4,11 +4,13 @@ exact resume, compile_only / validate_only stop after the compile."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from csrun.run.summaries import read_losses
 from tests.run.conftest import DEBUG_YAML, write_yaml
 from tests.run.test_train import PERFORMANCE_KEYS, assert_same_weights
 
@@ -25,6 +27,8 @@ def test_exact_resume_on_the_embedded_emulator_matches_the_cpu(fc_mnist: Run, tm
     out = capsys.readouterr().out
     assert "Compile for training completed successfully!" in out and "Training Completed Successfully!" in out
     assert_same_weights(cpu / "checkpoint_200.mdl", dev / "checkpoint_200.mdl")  # float32: bit-identical
+    assert read_losses(dev) == read_losses(cpu)  # save_losses: every step's row, from the async loss closures too
+    assert [s for s, _ in read_losses(dev)] == list(range(1, 201))
     perf = json.loads((dev / "performance" / "performance.json").read_text())
     assert PERFORMANCE_KEYS <= perf.keys() and perf["path"] == "system"
     assert perf["compile_time"] is not None and perf["est_samples_per_sec"] > 0
@@ -39,3 +43,25 @@ def test_compile_and_validate_only_stop_after_the_compile(fc_mnist: Run, tmp_pat
     out = capsys.readouterr().out
     assert message in out and "Training Completed Successfully!" not in out
     assert not list((tmp_path / "md").glob("*.mdl"))
+
+
+def test_a_nan_loss_read_by_the_async_loss_closure_stops_the_job(fc_mnist: Run, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """With save_losses and no log or checkpoint step near, the loss is checked on the closure
+    thread: the job still stops with the legacy message, exit 1, and writes no checkpoint."""
+    import yaml
+
+    data = yaml.safe_load(DEBUG_YAML.read_text())
+    data["optimizer"]["learning_rate"] = 1.0e6
+    data["runconfig"].update(checkpoint_steps=0, log_steps=1000, save_losses=True)
+    p = tmp_path / "nan.yaml"
+    p.write_text(yaml.safe_dump(data))
+    md = tmp_path / "md"
+    assert fc_mnist("-p", str(p), "-m", "train", "-o", str(md), "--cs_ip", "embedded") == 1
+    err = capsys.readouterr().err
+    assert "error: NaN loss detected.\n" in err or "error: inf loss detected.\n" in err
+    assert "Traceback" not in err
+    assert not list(md.glob("*.mdl"))
+    rows = read_losses(md)
+    assert [s for s, _ in rows] == list(range(1, len(rows) + 1)) and len(rows) < 200
+    assert all(math.isfinite(v) for _, v in rows)  # the bad step's loss is not written

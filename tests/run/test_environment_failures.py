@@ -83,15 +83,15 @@ def test_the_server_dying_mid_training(fc_mnist: Run, tmp_path: Path, monkeypatc
             assert line, server.stderr.read() if server.stderr else "server ended"
         port = int(line.split("127.0.0.1:")[1].split()[0])
         monkeypatch.setenv("CSRUN_EMULATOR_TOKEN", token)
-        on_step = loops._StepBook.on_step
+        wants = loops._StepBook.wants
 
-        def kill_at_50(self: loops._StepBook, outputs: dict, step: int) -> None:
+        def kill_at_50(self: loops._StepBook, step: int) -> bool:  # the loop asks this after every step
             if step == 50:
                 server.send_signal(signal.SIGKILL)
                 server.wait(10)
-            on_step(self, outputs, step)
+            return wants(self, step)
 
-        monkeypatch.setattr(loops._StepBook, "on_step", kill_at_50)
+        monkeypatch.setattr(loops._StepBook, "wants", kill_at_50)
         md = tmp_path / "md"
         code = fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(md), "--cs_ip", f"127.0.0.1:{port}")
         err = capsys.readouterr().err

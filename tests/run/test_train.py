@@ -75,20 +75,20 @@ def test_sigterm_checkpoints_then_resume_matches(fc_mnist: Run, tmp_path: Path, 
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(full)) == 0
-    on_step = loops._StepBook.on_step
+    wants = loops._StepBook.wants
 
-    def signal_at_37(self: loops._StepBook, outputs: dict, step: int) -> None:
+    def signal_at_37(self: loops._StepBook, step: int) -> bool:  # the loop asks this after every step
         if step == 37:
             os.kill(os.getpid(), signal.SIGTERM)  # a real signal, caught by the runner's handler
-        on_step(self, outputs, step)
+        return wants(self, step)
 
-    monkeypatch.setattr(loops._StepBook, "on_step", signal_at_37)
+    monkeypatch.setattr(loops._StepBook, "wants", signal_at_37)
     capsys.readouterr()
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(cut)) == 143
     out = capsys.readouterr().out
     assert "Saved checkpoint at global step: 37" in out and "stopped by SIGTERM at global step 37" in out
     assert [p.name for p in cut.glob("*.mdl")] == ["checkpoint_37.mdl"]
-    monkeypatch.setattr(loops._StepBook, "on_step", on_step)
+    monkeypatch.setattr(loops._StepBook, "wants", wants)
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(cut), "--resume") == 0
     assert_same_weights(full / "checkpoint_200.mdl", cut / "checkpoint_200.mdl")
 
@@ -162,14 +162,14 @@ def test_the_preemption_signal_is_configurable_and_asks_the_batch_script_to_requ
     ask = tmp_path / "requeue"
     monkeypatch.setenv("CSRUN_PREEMPT_SIGNAL", "USR2")
     monkeypatch.setenv("CSRUN_REQUEUE_FILE", str(ask))
-    on_step = loops._StepBook.on_step
+    wants = loops._StepBook.wants
 
-    def signal_at_21(self: loops._StepBook, outputs: dict, step: int) -> None:
+    def signal_at_21(self: loops._StepBook, step: int) -> bool:
         if step == 21:
             os.kill(os.getpid(), signal.SIGUSR2)
-        on_step(self, outputs, step)
+        return wants(self, step)
 
-    monkeypatch.setattr(loops._StepBook, "on_step", signal_at_21)
+    monkeypatch.setattr(loops._StepBook, "wants", signal_at_21)
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(tmp_path / "md")) == 140
     assert "stopped by SIGUSR2 at global step 21" in capsys.readouterr().out
     assert ask.read_text() == "21\n" and (tmp_path / "md" / "checkpoint_21.mdl").exists()

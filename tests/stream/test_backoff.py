@@ -35,6 +35,19 @@ def test_the_streamer_pace_sleeps_at_once_and_the_chief_pace_is_short() -> None:
     assert Backoff.transfer()._max <= 0.001
 
 
+def test_a_streamer_with_sends_in_flight_sleeps_from_the_first_idle_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting for credit with sends in flight: the chief reads them only when it takes its next
+    batch, so the streamer polls them asleep between (no flat-out phase), and never sleeps
+    longer than the transfer pace's cap (a chief waiting for one of them sees it move soon)."""
+    slept: list[float] = []
+    monkeypatch.setattr(wire.time, "sleep", slept.append)
+    b = Backoff.sending()
+    for _ in range(30):
+        b.idle()
+    assert len(slept) == 30 and slept[0] <= 1e-4
+    assert max(slept) == pytest.approx(Backoff.transfer()._max)
+
+
 def test_wait_for_returns_when_ready_and_raises_past_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wire.time, "sleep", lambda s: None)
     calls = iter([False, False, True])
