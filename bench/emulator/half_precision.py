@@ -16,13 +16,14 @@ per-round ratios to float32 (target for rounding: <= 1.2).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -73,9 +74,10 @@ def bert_debug() -> tuple[nn.Module, Any, OptimizerSpec]:
     return model, batch, OptimizerSpec(type="adamw", hyperparameters={})
 
 
-def step_ms(make: Callable[[], tuple[nn.Module, Any, OptimizerSpec]], precision: str, mode: str, steps: int) -> float:
-    """ms per step on an embedded device, after 10 warm-up steps."""
-    os.environ["CSRUN_HALF_EMULATION"] = mode
+@contextlib.contextmanager
+def loaded_device(make: Callable[[], tuple[nn.Module, Any, OptimizerSpec]],
+                  precision: str) -> Iterator[tuple[EmbeddedDevice, Any]]:
+    """(an embedded device with ``make()``'s model loaded in ``precision``, its batch); closed after."""
     torch.manual_seed(0)
     model, batch, opt = make()
     program = torch.export.export(model, (batch,))
@@ -83,14 +85,26 @@ def step_ms(make: Callable[[], tuple[nn.Module, Any, OptimizerSpec]], precision:
     device = EmbeddedDevice(notice=lambda _m: None)
     try:
         device.load(program, spec)
-        for _ in range(10):
-            device.submit(batch).result()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            device.submit(batch).result()
-        return (time.perf_counter() - t0) / steps * 1e3
+        yield device, batch
     finally:
         device.close()
+
+
+def ms_per_step(device: EmbeddedDevice, batch: Any, steps: int, warmup: int = 10) -> float:
+    """ms per step (each step's loss waited for), after ``warmup`` steps."""
+    for _ in range(warmup):
+        device.submit(batch).result()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        device.submit(batch).result()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def step_ms(make: Callable[[], tuple[nn.Module, Any, OptimizerSpec]], precision: str, mode: str, steps: int) -> float:
+    """ms per step on an embedded device, after 10 warm-up steps."""
+    os.environ["CSRUN_HALF_EMULATION"] = mode
+    with loaded_device(make, precision) as (device, batch):
+        return ms_per_step(device, batch, steps)
 
 
 def main() -> int:

@@ -36,11 +36,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench" / "emulator"))
 sys.path.insert(0, str(REPO / "bench" / "compile"))
 
-from half_precision import bert_debug, fc_mnist  # noqa: E402  (bench/emulator/half_precision.py)
+from half_precision import bert_debug, fc_mnist, loaded_device, ms_per_step  # noqa: E402  (bench/emulator/half_precision.py)
 
-from csrun.compiler.spec import OptimizerSpec, ProgramSpec  # noqa: E402
+from csrun.compiler.spec import OptimizerSpec  # noqa: E402
 from csrun.emulator import traced_forward  # noqa: E402
-from csrun.emulator.embedded import EmbeddedDevice  # noqa: E402
 
 Make = Callable[[], tuple[nn.Module, Any, OptimizerSpec]]
 
@@ -57,27 +56,13 @@ def run(make: Make, precision: str, mode: str, steps: int) -> tuple[float, float
     """(first step s, steady ms/step, the engine's forward type) with ``CSRUN_ENGINE_TRACE=mode``."""
     os.environ[traced_forward.ENV] = mode
     os.environ["CSRUN_HALF_EMULATION"] = "rounding"
-    torch.manual_seed(0)
-    model, batch, opt = make()
-    program = torch.export.export(model, (batch,))
-    spec = ProgramSpec(optimizer=opt, learning_rate=1e-4, precision=precision)
-    device = EmbeddedDevice(notice=lambda _m: None)
-    try:
-        device.load(program, spec)
+    with loaded_device(make, precision) as (device, batch):
         t0 = time.perf_counter()
         device.submit(batch).result()
         first = time.perf_counter() - t0
-        for _ in range(min(10, steps)):
-            device.submit(batch).result()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            device.submit(batch).result()
-        steady = (time.perf_counter() - t0) / steps * 1e3
-        engine = getattr(device, "_engine", None)
-        kind = type(getattr(engine, "_forward", None)).__name__
+        steady = ms_per_step(device, batch, steps, warmup=min(10, steps))
+        kind = type(getattr(getattr(device, "_engine", None), "_forward", None)).__name__
         return first, steady, kind
-    finally:
-        device.close()
 
 
 def main() -> int:

@@ -184,9 +184,11 @@ class Engine:
                             fresh_buffers[id(b)] = b.clone()
                         mod._buffers[name] = fresh_buffers[id(b)]
         self.module = module
+        # the precision the forward's kernels run in: float32 when the graph rounds 16-bit values itself
+        self._kernel_precision = "float32" if self.half_weights is not None else self.precision
         self._forward: Callable[[Any], Any] | None = None  # chosen at the first step (_forward_for)
         self._trace = (traced_forward.trace_mode() == "auto" and self.device.type == "cpu"
-                       and (self.half_weights is not None or self.precision not in ("float16", "bfloat16")))
+                       and precision.autocast_dtype(self._kernel_precision) is None)
         if self.half_weights is not None:
             self.half_weights.bind()  # the leaves follow the fresh weights
         self.named_params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -223,11 +225,9 @@ class Engine:
         """For float16 / bfloat16 in ``rounding`` mode, rewrite ``module`` to compute on float32
         kernels (:mod:`csrun.emulator.half_emulation`) and return its weights' 16-bit copies; None
         when it runs under autocast. A graph the dtype probe cannot run keeps autocast, with a notice."""
-        if self.precision not in ("float16", "bfloat16"):
+        dtype = precision.autocast_dtype(self.precision)
+        if dtype is None or half_emulation.half_emulation_mode(self.device) != "rounding":
             return None
-        if half_emulation.half_emulation_mode(self.device) != "rounding":
-            return None
-        dtype = getattr(torch, self.precision)
         try:
             dtypes = half_emulation.autocast_dtypes(module, dtype, self.device.type)
         except Exception as exc:  # noqa: BLE001 - any probe failure: keep the 16-bit kernels
@@ -248,8 +248,7 @@ class Engine:
         """autocast for 16-bit compute on 16-bit kernels; nothing when the graph rounds itself."""
         if self.half_weights is not None:
             self.half_weights.refresh()
-            return precision.forward_context("float32", self.device)
-        return precision.forward_context(self.precision, self.device)
+        return precision.forward_context(self._kernel_precision, self.device)
 
     @property
     def step(self) -> int:

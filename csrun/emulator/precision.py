@@ -139,10 +139,12 @@ def resolve_precision(precision: str, mixed_precision: bool, notice: Callable[[s
     return precision
 
 
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The 16-bit dtype a forward in ``precision`` runs under autocast (float16/bfloat16), else None."""
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(precision)
+
+
 def forward_context(precision: str, device: torch.device) -> ContextManager[Any]:
     """The context the forward runs in: autocast for float16/bfloat16, nothing otherwise."""
-    if precision == "float16":
-        return torch.autocast(device_type=device.type, dtype=torch.float16)
-    if precision == "bfloat16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    dtype = autocast_dtype(precision)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)

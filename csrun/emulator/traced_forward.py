@@ -73,10 +73,8 @@ def _state_slots(module: torch.fx.GraphModule) -> list[tuple[torch.nn.Module, st
         if node.op != "get_attr" or node.target in seen:
             continue
         seen.add(str(node.target))
-        *path, name = str(node.target).split(".")
-        owner: Any = module
-        for part in path:
-            owner = getattr(owner, part)
+        owner_path, _, name = str(node.target).rpartition(".")
+        owner = module.get_submodule(owner_path)
         if name in owner._parameters:
             kind = "param"
         elif name in owner._buffers:

@@ -159,8 +159,7 @@ class Backoff:
     it sleeps from the first idle round, 20 µs growing to 0.5 ms, so a chief that waits for one
     of them sees it move within 0.5 ms); and :meth:`streamer` (waiting for credit or START with
     nothing in flight: no busy phase, at most 5 ms asleep; its next batch is already in the
-    chief's ring). On the README's main job (credit every ~7 ms) the ``sending`` pace took a
-    streamer's CPU while waiting from ~0.15 to ~0.05 of its wall time (BENCHMARKS.md).
+    chief's ring). What each pace costs on the README's main job: :mod:`csrun.stream`'s manual.
     """
 
     def __init__(self, busy_s: float = 0.002, min_sleep: float = 20e-6, max_sleep: float = 0.0005) -> None:

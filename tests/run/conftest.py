@@ -63,6 +63,16 @@ def write_yaml(path: Path, base: Path = DEBUG_YAML, **runconfig: Any) -> Path:
     return path
 
 
+def diverging_yaml(path: Path, **runconfig: Any) -> Path:
+    """DEBUG_YAML with a learning rate of 1e6 (the loss goes NaN or inf within a few steps) and
+    ``runconfig`` keys replaced."""
+    data = yaml.safe_load(DEBUG_YAML.read_text())
+    data["optimizer"]["learning_rate"] = 1.0e6
+    data["runconfig"].update(runconfig)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def model_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
     """The model weights of a checkpoint."""
     from csrun.run.checkpoints import load_checkpoint

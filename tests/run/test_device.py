@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 
 from csrun.run.summaries import read_losses
-from tests.run.conftest import DEBUG_YAML, write_yaml
+from tests.run.conftest import DEBUG_YAML, diverging_yaml, write_yaml
 from tests.run.test_train import PERFORMANCE_KEYS, assert_same_weights
 
 Run = Callable[..., int]
@@ -49,13 +49,7 @@ def test_a_nan_loss_read_by_the_async_loss_closure_stops_the_job(fc_mnist: Run, 
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """With save_losses and no log or checkpoint step near, the loss is checked on the closure
     thread: the job still stops with the legacy message, exit 1, and writes no checkpoint."""
-    import yaml
-
-    data = yaml.safe_load(DEBUG_YAML.read_text())
-    data["optimizer"]["learning_rate"] = 1.0e6
-    data["runconfig"].update(checkpoint_steps=0, log_steps=1000, save_losses=True)
-    p = tmp_path / "nan.yaml"
-    p.write_text(yaml.safe_dump(data))
+    p = diverging_yaml(tmp_path / "nan.yaml", checkpoint_steps=0, log_steps=1000, save_losses=True)
     md = tmp_path / "md"
     assert fc_mnist("-p", str(p), "-m", "train", "-o", str(md), "--cs_ip", "embedded") == 1
     err = capsys.readouterr().err

@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from csrun.run import loops
 from csrun.run.summaries import read_losses
-from tests.run.conftest import DEBUG_YAML, FULL_YAML, model_tensors, write_yaml
+from tests.run.conftest import DEBUG_YAML, FULL_YAML, diverging_yaml, model_tensors, write_yaml
 
 Run = Callable[..., int]
 
@@ -126,13 +126,7 @@ def test_checkpoint_path_and_pretrained(fc_mnist: Run, tmp_path: Path, capsys: p
 
 
 def test_nan_loss_stops_with_the_legacy_message(fc_mnist: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import yaml
-
-    data = yaml.safe_load(DEBUG_YAML.read_text())
-    data["optimizer"]["learning_rate"] = 1.0e6
-    data["runconfig"].update(checkpoint_steps=1)
-    p = tmp_path / "nan.yaml"
-    p.write_text(yaml.safe_dump(data))
+    p = diverging_yaml(tmp_path / "nan.yaml", checkpoint_steps=1)
     assert fc_mnist("-p", str(p), "-m", "train", "-o", str(tmp_path / "md")) == 1
     err = capsys.readouterr().err
     assert "error: NaN loss detected.\n" in err or "error: inf loss detected.\n" in err
