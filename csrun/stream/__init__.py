@@ -18,12 +18,16 @@ engine spins inside them); every wait polls with ``Test`` and sleeps between pol
 when credit comes every 20 ms and ~0.05-0.06 when it comes every 3.5-7 ms (the README's main
 job; ``bench/stream/idle_cpu.py``; BENCHMARKS.md): the cost is its polls, ~25 µs each. The
 chief waiting for a batch polls flat out for 2 ms, then sleeps up to 0.5 ms, so a ready batch
-is seen at once and a late one within 0.5 ms.
+is seen at once and a late one within 0.5 ms. Before ``MPI_Init`` (whose wait for the other
+tasks on the node spins in MPICH) a task sleeps on the node's arrival board until they have
+all come (:mod:`~csrun.stream.arrivals`): a streamer waiting there for a chief still building
+its model costs ~0.03 of a core instead of ~0.95 (``bench/stream/mpi_init.py``).
 
 Modules: :mod:`~csrun.stream.schema` (structure and buffers), :mod:`~csrun.stream.wire`
 (tags, headers, timeouts), :mod:`~csrun.stream.source` (what a streamer streams),
 :mod:`~csrun.stream.sender` (streamer side), :mod:`~csrun.stream.receiver` (chief side),
 :mod:`~csrun.stream.local` (a lone chief), :mod:`~csrun.stream.stats` (figures and the
-input-bound verdict), :mod:`~csrun.stream.errors`. This package never imports
+input-bound verdict), :mod:`~csrun.stream.arrivals` (the board before ``MPI_Init``),
+:mod:`~csrun.stream.errors`. This package never imports
 ``csrun.torch``; it uses ``MPI.COMM_WORLD`` and reserves tags 11-14 on it.
 """

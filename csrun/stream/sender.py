@@ -34,7 +34,7 @@ from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END, BatchSource
 from csrun.stream.stats import StreamerStats
 from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, empty_header, wait_for,
-                               error_grace, header, mpi)
+                               error_grace, header, mpi, wait_until_output_read)
 
 _MAX_TEXT = 16384
 _INFLIGHT = 2
@@ -185,4 +185,5 @@ def _fail(comm: Any, chief: int, rank: int, node: str, sent: int, exc: Exception
         sys.stderr.write(f"csrun: streamer rank {rank} (node {node}): the chief did not end the job "
                          f"within {error_grace():g} s of the error; aborting it\n")
         sys.stderr.flush()
+        wait_until_output_read()
         MPI.COMM_WORLD.Abort(1)
