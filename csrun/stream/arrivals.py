@@ -176,7 +176,10 @@ def wait_for_node_peers(environ: Mapping[str, str] | None = None) -> Board | Non
     Returns the board (hand it to :func:`leave` after ``MPI_Init``), or None when no board is
     used. Returns after ``CSRUN_MPI_ARRIVALS_WAIT`` seconds even if a peer never signs in."""
     env = os.environ if environ is None else environ
-    board = board_for(env)
+    try:
+        board = board_for(env)
+    except OSError:  # no usable temporary folder (tempfile.gettempdir): no board
+        return None
     if board is None:
         return None
     _sweep_stale(board.folder.parent)
