@@ -21,6 +21,11 @@ number of tasks
 local rank
     ``MPI_LOCALRANKID`` (MPICH), ``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID`` (inside a
     step); else 0.
+tasks on this node
+    ``MPI_LOCALNRANKS`` (MPICH's mpiexec); inside a Slurm step that is not heterogeneous
+    (no ``SLURM_HET_SIZE``), this node's entry of ``SLURM_STEP_TASKS_PER_NODE`` (``2,1``,
+    ``2(x3),1``) at ``SLURM_NODEID``, with the step on this node named
+    ``<SLURM_JOB_ID>.<SLURM_STEP_ID>-node<SLURM_NODEID>``; else 0 (unknown) and ``""``.
 node name
     ``SLURMD_NODENAME``; else the host name.
 restarts
@@ -40,6 +45,7 @@ for these values instead of reading the environment again.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Mapping
@@ -73,6 +79,11 @@ class ClusterInfo:
     allocation_tasks: int = 0
     """Outside a Slurm step: the tasks the surrounding allocation has (``SLURM_NTASKS``), which
     this process does not count on; 0 inside a step or without Slurm."""
+    local_tasks: int = 0
+    """The tasks of this launch on this node, this one included; 0 when the launcher does not say."""
+    node_step: str = ""
+    """Inside a plain (not heterogeneous) Slurm step: ``<job>.<step>-node<node id>``, the same for
+    every task of the step on this node; else ``""``."""
 
     @property
     def role(self) -> str:
@@ -115,6 +126,32 @@ def _slurm_tasks(env: Mapping[str, str]) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def tasks_on_node(tasks_per_node: str, node_id: int) -> int | None:
+    """This node's count in Slurm's ``SLURM_STEP_TASKS_PER_NODE`` form (``2,1``, ``2(x3),1``), or None."""
+    nodes: list[int] = []
+    for part in tasks_per_node.split(","):
+        found = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if found is None:
+            return None
+        nodes += [int(found.group(1))] * int(found.group(2) or 1)
+    return nodes[node_id] if 0 <= node_id < len(nodes) else None
+
+
+def _node_step(env: Mapping[str, str], in_step: bool) -> tuple[int, str]:
+    """(tasks of this launch on this node, the Slurm step on this node) -- see the module docstring."""
+    hydra = env.get("MPI_LOCALNRANKS", "").strip()
+    if hydra.isdigit():
+        return int(hydra), ""
+    if not in_step or env.get("SLURM_HET_SIZE", "").strip():
+        return 0, ""
+    job, node = env.get("SLURM_JOB_ID", "").strip(), env.get("SLURM_NODEID", "").strip()
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "")).strip()
+    if not (job.isdigit() and step.isdigit() and node.isdigit()):
+        return 0, ""
+    count = tasks_on_node(env.get("SLURM_STEP_TASKS_PER_NODE", ""), int(node))
+    return (count, f"{job}.{step}-node{node}") if count is not None else (0, "")
+
+
 def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
     """Read this task's place in the job from the environment (``os.environ`` by default)."""
     env = os.environ if environ is None else environ
@@ -125,6 +162,7 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
     size = launched or (_slurm_tasks(env) if in_step else None) or 1
     local = _first_int(env, ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", *("SLURM_LOCALID",)[:len(slurm)]), 0)
     allocation = 0 if in_step or launched else (_slurm_tasks(env) or 0)
+    local_tasks, node_step = _node_step(env, in_step)
     return ClusterInfo(
         rank=rank,
         num_tasks=max(size, rank + 1),
@@ -136,6 +174,8 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
         restart_count=_first_int(env, ("SLURM_RESTART_COUNT",), 0),
         cs_ip=env.get("CS_IP", "").strip(),
         allocation_tasks=allocation if allocation > 1 else 0,
+        local_tasks=local_tasks,
+        node_step=node_step,
     )
 
 

@@ -24,9 +24,12 @@ Environment variables read:
     (a failed import, a missing data folder) no longer leaves the others waiting forever, even
     under a plain ``mpiexec`` or ``srun`` that csrun did not start (csrun_wse also ends the job
     as soon as any task exits non-zero: :mod:`csrun.launch.supervisor`).
-``CSRUN_MPI_ARRIVALS`` / ``CSRUN_MPI_ARRIVALS_WAIT``
-    The arrival board before ``MPI_Init`` (``off`` turns it off; the most seconds a task waits
-    there for a peer on its node, default 30): :mod:`csrun.stream.arrivals`.
+``CSRUN_MPI_ARRIVALS``
+    ``on`` (the default) or ``off``: the tasks sharing a node wait for each other asleep before
+    ``MPI_Init`` (:mod:`csrun.stream.arrivals`).
+``CSRUN_MPI_ARRIVALS_WAIT``
+    The most seconds a task waits there for a peer on its node that never signs in (one that
+    is not csrun's) before it calls ``MPI_Init`` anyway. Default 30.
 
 mpi4py is imported only by :func:`mpi`, so a single-task run never loads MPI.
 """
@@ -47,7 +50,7 @@ import numpy as np
 
 from csrun.cluster import cluster_info
 from csrun.errors import UserError
-from csrun.stream.arrivals import leave, wait_for_node_peers
+from csrun.stream import arrivals
 
 TAG_CTRL = 11
 TAG_TEXT = 12
@@ -141,16 +144,36 @@ def mpi() -> Any:
                                 stdin=subprocess.DEVNULL)
     board = None
     try:
-        board = wait_for_node_peers()  # asleep: MPICH's MPI_Init spins while it waits for them
+        board = _sign_in_on_the_board()
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Get_rank()  # MPI_Init has run by now (mpi4py initialises on import)
     finally:
         watchdog.kill()
         watchdog.wait()
-        leave(board)
+        arrivals.leave(board)
     _mpi_ready = True
     return MPI
+
+
+def _sign_in_on_the_board() -> arrivals.Board | None:
+    """Wait asleep until this node's other tasks have come (MPICH's MPI_Init spins while it waits for
+    them): :mod:`csrun.stream.arrivals`. The board, for ``leave`` after MPI_Init; None without one."""
+    switch = os.environ.get("CSRUN_MPI_ARRIVALS", "").strip().lower()
+    if switch not in ("", "on", "off"):
+        raise UserError(f"CSRUN_MPI_ARRIVALS={os.environ['CSRUN_MPI_ARRIVALS']!r} is not a setting; use on or off")
+    limit = _env_seconds("CSRUN_MPI_ARRIVALS_WAIT", 30.0)
+    try:
+        board = None if switch == "off" else arrivals.board_for(cluster_info())
+    except OSError:  # no usable temporary folder (tempfile.gettempdir): no board
+        return None
+    if board is None or not arrivals.sign_in(board):
+        return None
+    try:
+        wait_for(board.everyone_in, Backoff.arrival(), deadline=time.monotonic() + limit, what="tasks on this node")
+    except TimeoutError:
+        pass  # a peer that is not csrun's never signs in: MPI_Init waits for it as before
+    return board
 
 
 def wait_until_output_read(limit_s: float = 1.0) -> None:
@@ -186,16 +209,17 @@ class Backoff:
     ``max_sleep``. Every poll also drives MPICH's progress, so a large transfer keeps moving.
 
     What waiting costs: one poll per ``max_sleep`` once settled (~10 µs of CPU each), about 1%
-    of a core; a ready message is seen within ``max_sleep``. Three paces are used:
+    of a core; a ready message is seen within ``max_sleep``. Four paces are used:
     :meth:`transfer` while data must move now (the chief waiting for a batch, a streamer that
     must retire sends before posting more: MPICH copies a large shared-memory message only while
     both sides poll, so 2 ms flat out covers a 4 MB batch, then sleeps up to 0.5 ms);
     :meth:`sending` (a streamer waiting for credit while its sends are in flight: they land in
     slots the chief reads when it takes its next batch, so spinning would not move them sooner;
     it sleeps from the first idle round, 20 µs growing to 0.5 ms, so a chief that waits for one
-    of them sees it move within 0.5 ms); and :meth:`streamer` (waiting for credit or START with
+    of them sees it move within 0.5 ms); :meth:`streamer` (waiting for credit or START with
     nothing in flight: no busy phase, at most 5 ms asleep; its next batch is already in the
-    chief's ring). What each pace costs on the README's main job: :mod:`csrun.stream`'s manual.
+    chief's ring); and :meth:`arrival` (on the board before ``MPI_Init``, where peers come in
+    seconds: 1 ms growing to 50 ms). What each pace costs on the README's main job: :mod:`csrun.stream`'s manual.
     """
 
     def __init__(self, busy_s: float = 0.002, min_sleep: float = 20e-6, max_sleep: float = 0.0005) -> None:
@@ -204,6 +228,11 @@ class Backoff:
         self._max = max_sleep
         self._since: float | None = None
         self._sleep = 0.0
+
+    @classmethod
+    def arrival(cls) -> "Backoff":
+        """The pace on the arrival board before ``MPI_Init``: sleeps from 1 ms up to 50 ms."""
+        return cls(busy_s=0.0, min_sleep=0.001, max_sleep=0.05)
 
     @classmethod
     def transfer(cls) -> "Backoff":
