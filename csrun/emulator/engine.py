@@ -4,7 +4,8 @@ One :class:`Engine` holds one program (a ``torch.export`` ExportedProgram of for
 its :class:`~csrun.program.spec.ProgramSpec`. A training step runs the captured graph (not the
 user's Python: side effects in the step happened once, at capture), backward through autograd,
 unscale/overflow check, clipping, the optimizer update with the learning rate the schedule gives
-for the global step, and the loss-scale update. All state lives on the engine's device.
+for the global step (torch's own update code, without ``torch.optim``'s per-step wrappers where
+:mod:`~csrun.emulator.lean_step` applies), and the loss-scale update. All state lives on the engine's device.
 
 The program's forward returns the loss, or a tuple/list whose first item is the loss, or a
 mapping with a ``"loss"`` key; other items come back as extra outputs (``output_<i>`` for
@@ -28,6 +29,7 @@ from csrun.emulator import (
     traced_forward,
 )
 from csrun.emulator.errors import SpecError
+from csrun.emulator.lean_step import lean_step
 from csrun.program import schedules
 from csrun.program.loss_scaling import (
     INITIAL_LOSS_SCALE,
@@ -196,6 +198,7 @@ class Engine:
         self.global_step = torch.zeros((), dtype=torch.int64, device=self.device)
         self._step = 0  # host mirror of global_step: no device read per step
         self.optimizer: torch.optim.Optimizer | None = None
+        self._lean_step: Callable[[], bool] | None = None  # the update without torch.optim's wrappers
         self.schedule: schedules.Schedule | None = None
         self.scaler: loss_scaling.LossScaler | None = None
         self.max_norm = getattr(spec, "max_gradient_norm", None)
@@ -218,6 +221,7 @@ class Engine:
                 opt_spec.type, dict(opt_spec.hyperparameters), self.named_params, lr=self.schedule(0)
             )
             optimizers.preinitialize_state(self.optimizer)
+            self._lean_step = lean_step(self.optimizer)
         # train/eval behaviour (dropout, batch norm) is fixed in the captured graph; the
         # unlifted module refuses .train()/.eval(), so nothing is switched here.
 
@@ -327,7 +331,8 @@ class Engine:
         if not overflow:
             loss_scaling.clip_gradients(grads, max_norm=self.max_norm, max_value=self.max_value)
             optimizers.set_learning_rate(opt, lr)
-            opt.step()
+            if self._lean_step is None or not self._lean_step():
+                opt.step()
         opt.zero_grad(set_to_none=True)
         scaler.update(overflow)
         self._step += 1
