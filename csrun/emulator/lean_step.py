@@ -13,6 +13,9 @@ a condition below does not hold) it runs ``optimizer.step()``.
   or ``fused``; with momentum, every buffer already created (the engine creates them before the
   first step: :func:`~csrun.emulator.optimizers.preinitialize_state`); no step hooks on the
   optimizer or registered globally.
+
+With a torch that lacks the private function (csrun installs torch 2.13), every update goes
+through ``optimizer.step()``.
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ from typing import Any, Callable
 
 import torch
 from torch.optim import optimizer as torch_optimizer
-from torch.optim.sgd import _multi_tensor_sgd
+
+try:  # torch's private multi-tensor update (torch 2.13, the version csrun installs)
+    from torch.optim.sgd import _multi_tensor_sgd
+except ImportError:  # another torch without it: every update goes through optimizer.step()
+    _multi_tensor_sgd = None  # type: ignore[assignment]
 
 
 def lean_step(optimizer: torch.optim.Optimizer) -> Callable[[], bool] | None:
     """A function that runs ``optimizer``'s next update the lean way and returns True, or returns
     False having changed nothing (the caller then runs ``optimizer.step()``); None for an
     optimizer without a lean form."""
-    if type(optimizer) is torch.optim.SGD:
+    if type(optimizer) is torch.optim.SGD and _multi_tensor_sgd is not None:
         return lambda: _sgd_step(optimizer)
     return None
 
