@@ -1,8 +1,9 @@
-"""The engine's lean SGD update against ``torch.optim``'s ``SGD.step()``, on the fc_mnist step.
+"""The engine's lean updates: SGD against ``torch.optim``'s ``SGD.step()`` (fc_mnist), and the
+foreach AdamW without bias correction against its per-tensor form (BERT debug).
 
 Command (from the repository root)::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/emulator/lean_step.py [--steps 200] [--rounds 15]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/emulator/lean_step.py [--steps 200] [--rounds 15] [--bert-steps 20]
 
 Builds one :class:`~csrun.emulator.engine.Engine` per precision (float16 by rounding, the
 config's; float32) for configs/fc_mnist.yaml's model (10 x 50 ReLU MLP, batch 128, SGD with
@@ -10,6 +11,13 @@ momentum 0.9) and runs ``--steps`` steps on the caller's thread with the lean up
 (:mod:`csrun.emulator.lean_step`: torch's ``_multi_tensor_sgd`` called directly), then as many
 with ``optimizer.step()``, alternating for ``--rounds`` rounds. Prints ms/step (medians) and the
 median of the per-round ratios lean / ``optimizer.step()``, wall and CPU (thread) time.
+
+Then the BERT debug model (``configs/bert_debug.yaml``'s model and first batch, float32) with
+AdamW without bias correction (``correct_bias: false``, the model zoo's default: csrun's
+:class:`~csrun.emulator.optimizers.AdamWNoBiasCorrection`): ``--bert-steps`` steps with its
+foreach update, then as many with the same formula one parameter at a time
+(``tests/emulator/helpers.adamw_no_bias_correction_per_tensor``), alternating for
+``--rounds`` rounds.
 """
 
 from __future__ import annotations
@@ -27,9 +35,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from half_precision import fc_mnist  # noqa: E402  (bench/emulator/half_precision.py)
+from half_precision import bert_debug, fc_mnist  # noqa: E402  (bench/emulator/half_precision.py)
 
-from csrun.compiler.spec import ProgramSpec  # noqa: E402
+from csrun.compiler.spec import OptimizerSpec, ProgramSpec  # noqa: E402
 from csrun.emulator.engine import Engine  # noqa: E402
 
 
@@ -45,6 +53,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--bert-steps", type=int, default=20)
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     os.environ.pop("CSRUN_HALF_EMULATION", None)
@@ -73,7 +82,43 @@ def main() -> int:
         cpu_ratio = statistics.median(a / b for a, b in zip(cpus["lean"], cpus["step"]))
         print(f"| {precision} | {statistics.median(walls['lean']):.3f} | {statistics.median(walls['step']):.3f} | "
               f"{wall_ratio:.3f} | {cpu_ratio:.3f} |", flush=True)
+    bench_adamw(args.bert_steps, args.rounds)
     return 0
+
+
+def bench_adamw(steps: int, rounds: int) -> None:
+    """BERT debug, float32: the foreach AdamW without bias correction against its per-tensor form."""
+    from tests.emulator.helpers import adamw_no_bias_correction_per_tensor
+
+    torch.manual_seed(0)
+    model, batch, _ = bert_debug()
+    spec = ProgramSpec(optimizer=OptimizerSpec(type="adamw", hyperparameters={"correct_bias": False,
+                                                                              "weight_decay_rate": 0.01}),
+                       learning_rate=1e-4, precision="float32")
+    engine = Engine(torch.export.export(model, (batch,)), spec, "cpu", notice=lambda _m: None)
+    opt = engine.optimizer
+    if opt is None:
+        raise SystemExit("the BERT engine has no optimizer")
+    group = opt.param_groups[0]
+    state: dict[int, list[torch.Tensor]] = {}
+    foreach_step = opt.step
+
+    def per_tensor_step() -> None:
+        adamw_no_bias_correction_per_tensor(list(group["params"]), state, group["lr"], group["weight_decay"],
+                                            group["eps"], group["betas"])
+
+    timed(engine, batch, 3)
+    walls: dict[str, list[float]] = {"foreach": [], "per-tensor": []}
+    for _ in range(rounds):
+        for name in walls:
+            opt.step = foreach_step if name == "foreach" else per_tensor_step  # type: ignore[method-assign]
+            walls[name].append(timed(engine, batch, steps)[0])
+    ratio = statistics.median(a / b for a, b in zip(walls["foreach"], walls["per-tensor"]))
+    print(f"\n| BERT debug, float32, AdamW without bias correction ({len(opt.param_groups)} groups) "
+          f"| foreach ms/step | per-tensor ms/step | foreach / per-tensor (wall, median) |")
+    print("|---|---|---|---|")
+    print(f"| engine step | {statistics.median(walls['foreach']):.3f} | {statistics.median(walls['per-tensor']):.3f} "
+          f"| {ratio:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

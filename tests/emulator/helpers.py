@@ -113,4 +113,22 @@ def quiet(_msg: str) -> None:
 
 
 __all__ = ["MLP", "TinyTransformer", "mlp_batches", "lm_batches", "make_program", "make_spec", "eager_losses", "quiet", "raw_hello", "input_specs",
-           "OptimizerSpec", "ProgramSpec", "LossScalingSpec"]
+           "OptimizerSpec", "ProgramSpec", "LossScalingSpec", "adamw_no_bias_correction_per_tensor"]
+
+
+def adamw_no_bias_correction_per_tensor(params: list[torch.Tensor], state: dict[int, list[torch.Tensor]],
+                                        lr: float, wd: float, eps: float, betas: tuple[float, float]) -> None:
+    """AdamW without bias correction (csrun's ``AdamWNoBiasCorrection``), one parameter at a time:
+    the reference for its foreach step (tests) and its per-tensor cost (bench/emulator/lean_step.py).
+    ``state`` maps ``id(p)`` to ``[m, v]``, created as zeros when missing."""
+    b1, b2 = betas
+    with torch.no_grad():
+        for p in params:
+            if p.grad is None:
+                continue
+            m, v = state.setdefault(id(p), [torch.zeros_like(p), torch.zeros_like(p)])
+            m.mul_(b1).add_(p.grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            p.addcdiv_(m, v.sqrt().add_(eps), value=-lr)
+            if wd != 0:
+                p.add_(p, alpha=-lr * wd)

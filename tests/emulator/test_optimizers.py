@@ -13,7 +13,7 @@ from csrun.emulator.engine import Engine
 from csrun.emulator.errors import SpecError
 from csrun.emulator.optimizers import OPTIMIZERS, build_optimizer
 
-from .helpers import MLP, make_program, make_spec, mlp_batches, quiet
+from .helpers import MLP, adamw_no_bias_correction_per_tensor, make_program, make_spec, mlp_batches, quiet
 
 HP = {"sgd": {"momentum": 0.9, "weight_decay_rate": 0.01}, "rmsprop": {"momentum": 0.5}, "asgd": {"weight_decay": 0.01},
       "adamw": {"correct_bias": True}, "lamb": {"weight_decay_rate": 0.01}}
@@ -97,6 +97,30 @@ def test_adamw_without_bias_correction_by_hand() -> None:
     opt.step()
     # m = 0.2, v = 0.004 -> step = 0.1 * 0.2 / sqrt(0.004) = 0.316227766; then p *= 1 - 0.1 * 0.5
     assert p.item() == pytest.approx((1.0 - 0.1 * 0.2 / 0.004**0.5) * 0.95, rel=1e-6)
+
+
+def test_adamw_without_bias_correction_foreach_step_equals_the_per_tensor_formula() -> None:
+    torch.manual_seed(0)
+    named = [(f"w{i}", torch.nn.Parameter(torch.randn(7, 5 + i))) for i in range(4)] + [("b", torch.nn.Parameter(torch.randn(3)))]
+    ref = [torch.nn.Parameter(p.detach().clone()) for _, p in named]
+    opt = build_optimizer("adamw", {"correct_bias": False, "weight_decay": 0.1, "exclude_from_weight_decay": ["b"]},
+                          named, lr=1e-2)
+    ref_state: dict[int, list[torch.Tensor]] = {}
+    del opt.state[named[1][1]]  # a loaded state without this parameter's moments
+    g = torch.Generator().manual_seed(1)
+    for step in range(5):
+        for i, ((_, p), r) in enumerate(zip(named, ref)):
+            grad = None if (step == 2 and i == 0) else torch.randn(p.shape, generator=g)
+            p.grad = grad
+            r.grad = None if grad is None else grad.clone()
+        opt.step()
+        eps = opt.param_groups[0]["eps"]
+        adamw_no_bias_correction_per_tensor(ref[:4], ref_state, 1e-2, 0.1, eps, opt.param_groups[0]["betas"])
+        adamw_no_bias_correction_per_tensor(ref[4:], ref_state, 1e-2, 0.0, eps, opt.param_groups[0]["betas"])
+    assert all(torch.equal(p.detach(), r.detach()) for (_, p), r in zip(named, ref))
+    for (_, p), r in zip(named, ref):
+        assert torch.equal(opt.state[p]["exp_avg"], ref_state[id(r)][0])
+        assert torch.equal(opt.state[p]["exp_avg_sq"], ref_state[id(r)][1])
 
 
 FOREACH_VARIANTS = [
