@@ -111,7 +111,7 @@ def bench_adamw(steps: int, rounds: int) -> None:
     walls: dict[str, list[float]] = {"foreach": [], "per-tensor": []}
     for _ in range(rounds):
         for name in walls:
-            opt.step = foreach_step if name == "foreach" else per_tensor_step  # type: ignore[method-assign]
+            opt.step = foreach_step if name == "foreach" else per_tensor_step  # type: ignore[method-assign, assignment]
             walls[name].append(timed(engine, batch, steps)[0])
     ratio = statistics.median(a / b for a, b in zip(walls["foreach"], walls["per-tensor"]))
     print(f"\n| BERT debug, float32, AdamW without bias correction ({len(opt.param_groups)} groups) "
