@@ -147,11 +147,14 @@ class AdamWNoBiasCorrection(_AdamMoments):
                 continue
             b1, b2 = group["betas"]
             grads = [p.grad for p in params]
+            m: list[torch.Tensor] = []
+            v: list[torch.Tensor] = []
             for p in params:
-                if "exp_avg" not in self.state[p]:  # e.g. a loaded state without this parameter's moments
-                    self._zero_moments(self.state[p], p)
-            m = [self.state[p]["exp_avg"] for p in params]
-            v = [self.state[p]["exp_avg_sq"] for p in params]
+                st = self.state[p]
+                if "exp_avg" not in st:  # e.g. a loaded state without this parameter's moments
+                    self._zero_moments(st, p)
+                m.append(st["exp_avg"])
+                v.append(st["exp_avg_sq"])
             torch._foreach_mul_(m, b1)
             torch._foreach_add_(m, grads, alpha=1 - b1)
             torch._foreach_mul_(v, b2)

@@ -33,8 +33,8 @@ from csrun.stream.errors import BatchError
 from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END, BatchSource
 from csrun.stream.stats import StreamerStats
-from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, empty_header, wait_for,
-                               error_grace, header, mpi, wait_until_output_read)
+from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, abort_after_output,
+                               empty_header, error_grace, header, mpi, wait_for)
 
 _MAX_TEXT = 16384
 _INFLIGHT = 2
@@ -184,6 +184,4 @@ def _fail(comm: Any, chief: int, rank: int, node: str, sent: int, exc: Exception
     finally:
         sys.stderr.write(f"csrun: streamer rank {rank} (node {node}): the chief did not end the job "
                          f"within {error_grace():g} s of the error; aborting it\n")
-        sys.stderr.flush()
-        wait_until_output_read()
-        MPI.COMM_WORLD.Abort(1)
+        abort_after_output(MPI.COMM_WORLD)

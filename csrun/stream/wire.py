@@ -176,6 +176,15 @@ def _sign_in_on_the_board() -> arrivals.Board | None:
     return board
 
 
+def abort_after_output(comm: Any) -> None:
+    """``MPI_Abort`` (exit status 1) on ``comm``, once stdout and stderr are flushed and read by the
+    launcher (:func:`wait_until_output_read`): every abort site's last words reach the console."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    wait_until_output_read()
+    comm.Abort(1)
+
+
 def wait_until_output_read(limit_s: float = 1.0) -> None:
     """Before ``MPI_Abort``: give the launcher up to ``limit_s`` to read what this task wrote into
     its stdout and stderr pipes (flush them first).

@@ -30,7 +30,7 @@ from csrun.stream.errors import StreamError
 from csrun.stream.receiver import Receiver
 from csrun.stream.sender import run_streamer
 from csrun.stream.stats import StreamerStats, StreamStats, print_report
-from csrun.stream.wire import error_grace, mpi, stream_timeout, wait_until_output_read
+from csrun.stream.wire import abort_after_output, error_grace, mpi, stream_timeout
 from csrun.torch.closures import add_step_closure, end_step
 from csrun.torch.dataloader import StreamingDataLoader
 from csrun.torch.process_state import comm, state
@@ -48,9 +48,7 @@ def abort_job(message: str) -> NoReturn:
     """Print ``csrun: error: message`` on stderr and abort every task of the job (exit status 1)."""
     sys.stdout.flush()
     sys.stderr.write(f"csrun: error: {message}\n")
-    sys.stderr.flush()
-    wait_until_output_read()
-    comm().Abort(1)
+    abort_after_output(comm())
     raise SystemExit(1)  # MPI_Abort does not return; should it, this task still ends
 
 
