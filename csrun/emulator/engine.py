@@ -111,6 +111,50 @@ def drop_metadata_asserts(module: torch.fx.GraphModule) -> int:
     return removed
 
 
+def retarget_graph(module: torch.fx.GraphModule, device: torch.device) -> int:
+    """Make a graph captured on the CPU run on ``device``; how many nodes were changed.
+
+    Two facts of the capture are burnt into the graph, and both hold only on the CPU:
+
+    - tensors the forward creates (``torch.arange(n, device=x.device)``, ``torch.zeros``, a
+      ``.to(x.device)``) name the CPU: they are made on ``device`` instead;
+    - ``x.view(shape)`` is recorded as ``aten.view`` on the strides the capture saw. Another
+      device's kernels may lay their outputs out differently (CUDA's attention does), and a view
+      of such an output fails ("view size is not compatible with input tensor's size and
+      stride") although the program is right. ``aten.reshape`` is that same view wherever a view
+      is possible and a copy only where it is not, so the graph computes the same values.
+
+    Nested graphs (higher-order ops) are rewritten too.
+    """
+    views = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+    changed = 0
+    for graph_module in module.modules():
+        if not isinstance(graph_module, torch.fx.GraphModule):
+            continue
+        here = 0
+        for node in graph_module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if node.target in views:
+                node.target = torch.ops.aten.reshape.default
+                here += 1
+            if _on_cpu(node.kwargs.get("device")):
+                node.kwargs = {**node.kwargs, "device": device}
+                here += 1
+            if node.target is torch.ops.aten.to.device and len(node.args) > 1 and _on_cpu(node.args[1]):
+                node.args = (node.args[0], device, *node.args[2:])
+                here += 1
+        if here:
+            graph_module.recompile()
+            changed += here
+    return changed
+
+
+def _on_cpu(value: Any) -> bool:
+    """Whether a node's device argument names the CPU."""
+    return isinstance(value, (torch.device, str)) and torch.device(value).type == "cpu"
+
+
 def drop_input_guards(module: torch.fx.GraphModule) -> bool:
     """Stop the unlifted module checking its inputs on every call (the engine checks each batch
     against the spec's input schema instead); True when there was a guard call to remove.
@@ -159,6 +203,8 @@ class Engine:
         )
         module = program.module()
         drop_metadata_asserts(module)
+        if self.device.type != "cpu":  # the capture's devices and strides are the CPU's
+            retarget_graph(module, self.device)
         self._inputs = tuple(getattr(spec, "inputs", ()) or ())
         self._tree: Any = None  # the last batch structure checked against the inputs' paths
         if self._inputs:  # each batch is checked against them in _to_device

@@ -33,6 +33,10 @@ Limits (:mod:`csrun.emulator.guard`): at most ``max_pending`` connections wait t
 ``hello_deadline`` seconds for its whole hello; the holder loses the system when the server has
 waited ``idle_limit`` seconds for its next bytes (it is told why). With ``tls`` every connection
 is TLS (:mod:`csrun.emulator.tls`), the handshake inside the hello deadline.
+
+As soon as it listens the server imports torch's program reader and starts a GPU's runtime on a
+background thread (:mod:`csrun.emulator.server_warmup`), so a job's first load does not wait
+seconds for them.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import ssl
 import threading
 import time
 
-from csrun.emulator import handshake, wire
+from csrun.emulator import handshake, server_warmup, wire
 from csrun.emulator.errors import ProtocolError
 from csrun.emulator.guard import Guard, GuardLimits, Pending, cut
 from csrun.emulator.session import Session
@@ -109,6 +113,7 @@ class EmulatorServer:
         log.info("listening on %s:%d (device %s%s)", self.address[0], self.address[1], self.device,
                  ", TLS" if self.tls else "")
         self.guard.start()
+        server_warmup.warm_up(self.device)  # the program reader and a GPU's runtime, while the chief compiles
         try:
             while not self.stopping:
                 try:

@@ -490,6 +490,12 @@ def read_archive(data: bytes | str | os.PathLike[str], *, source: str | None = N
     return _deserialize(doc, state_dict, constants, name)
 
 
+def import_reader() -> None:
+    """Import torch's deserialiser (most of torch.export: seconds in a fresh process), so that a
+    later :func:`read_archive` does not wait for it; a server calls this while it waits for work."""
+    from torch._export.serde import schema, serialize  # noqa: F401
+
+
 def _deserialize(doc: dict[str, Any], state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor],
                  name: str) -> torch.export.ExportedProgram:
     """torch's deserialiser over the checked JSON, without example inputs (so without guards)."""

@@ -65,3 +65,38 @@ def test_cuda_mixed_precision_overflow_and_constants() -> None:
     for dtype_name in ("cbfloat16", "bfloat16"):
         ep2, spec2 = make_program(WithConstant(), x, precision=dtype_name)
         assert Engine(ep2, spec2, "cuda", notice=quiet).run_step(x)["loss"].isfinite()
+
+
+class Positions(torch.nn.Module):
+    """Position ids made in the forward on the input's device (BERT's embeddings do this)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(32, 8)
+        self.pos = torch.nn.Embedding(16, 8)
+        self.out = torch.nn.Linear(8, 32)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = batch["input_ids"]
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        h = self.tok(ids) + self.pos(positions)[None]
+        return torch.nn.functional.cross_entropy(self.out(h).flatten(0, 1), batch["labels"].flatten())
+
+
+def test_tensors_the_forward_creates_are_made_on_the_gpu() -> None:
+    g = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": torch.randint(0, 32, (4, 16), generator=g),
+                "labels": torch.randint(0, 32, (4, 16), generator=g)} for _ in range(5)]
+    ep, spec = make_program(Positions(), batches[0], optimizer=OptimizerSpec(type="adamw"))
+    cpu = Engine(ep, spec, notice=quiet)
+    gpu = Engine(ep, spec, "cuda", notice=quiet)
+    for b in batches:
+        assert gpu.run_step(b)["loss"].item() == pytest.approx(cpu.run_step(b)["loss"].item(), rel=1e-4)
+
+
+def test_the_servers_warm_up_readies_the_gpu() -> None:
+    from csrun.emulator.server_warmup import warm_up
+
+    thread = warm_up("cuda")
+    thread.join(timeout=120)
+    assert not thread.is_alive() and torch.cuda.is_initialized()

@@ -330,3 +330,14 @@ def test_a_huge_shape_fails_the_step_in_one_logged_line(server: EmulatorServer, 
     assert failed and "1073741824" in failed[0].getMessage()
     assert not [r for r in caplog.records if r.levelno >= logging.INFO and r.exc_info], "a traceback was logged"
     train_ok(server, program, job="after-the-huge-shape")
+
+
+def test_the_warm_up_imports_the_program_reader() -> None:
+    code = ("import sys, torch\n"
+            "from csrun.emulator.server_warmup import warm_up\n"
+            "assert 'torch._export.serde.serialize' not in sys.modules\n"
+            "warm_up('cpu').join(120)\n"
+            "assert 'torch._export.serde.serialize' in sys.modules\n"
+            "assert not torch.cuda.is_initialized()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
