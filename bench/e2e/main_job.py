@@ -18,8 +18,8 @@ alternating rounds, each into a fresh model_dir:
 Prints one markdown table: the runner's own samples/s (``performance.json``; the emulator
 path's figure includes the compile), its ratio to the ``--cpu`` run of the same round
 (median over rounds), the same ratio with the compile and the program load taken out of the
-emulator path's time (``compile_time`` + ``programming_time``), and the job's CPU seconds per
-wall second (all its processes).
+emulator path's time (``compile_time`` + ``programming_time``), the job's CPU seconds per
+wall second (all its processes) and the whole job's wall seconds (start-up included).
 ``csrun_wse`` runs in local mode (``mpiexec``) unless ``SLURM_CONF`` points at a cluster.
 """
 
@@ -48,9 +48,9 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_job(argv: list[str], env: dict[str, str], model_dir: Path) -> tuple[float, float, float]:
+def run_job(argv: list[str], env: dict[str, str], model_dir: Path) -> tuple[float, float, float, float]:
     """Run one job; (samples/s from performance.json, the same without the compile and the program
-    load, CPU s / wall s of all its processes)."""
+    load, CPU s / wall s of all its processes, the whole job's wall seconds)."""
     cpu0, t0 = _children_cpu(), time.monotonic()
     done = subprocess.run(argv + ["-o", str(model_dir)], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=1200)
@@ -60,7 +60,7 @@ def run_job(argv: list[str], env: dict[str, str], model_dir: Path) -> tuple[floa
     perf = json.loads((model_dir / "performance" / "performance.json").read_text())
     setup = float(perf.get("compile_time") or 0.0) + float(perf.get("programming_time") or 0.0)
     steady = perf["total_samples"] / max(perf["total_time"] - setup, 1e-9)
-    return float(perf["samples_per_sec"]), steady, cpu / wall
+    return float(perf["samples_per_sec"]), steady, cpu / wall, wall
 
 
 def main() -> int:
@@ -93,15 +93,21 @@ def main() -> int:
              [wse, "--total-nodes", "1"] + job + ["--params", str(mixed)], {**env, "CSRUN_HALF_EMULATION": "autocast"}),
             ("embedded, one process, float32 (`mixed_precision: false`)",
              [wse, "--total-nodes", "1"] + job + ["--params", str(fp32)], env),
+            ("`csrun_wse --total-nodes 3`, `CSRUN_GC_FREEZE=0` (the collector left alone)",
+             [wse, "--total-nodes", "3"] + job + ["--params", str(mixed)], {**env, "CSRUN_GC_FREEZE": "0"}),
+            ("`--cpu` path, `CSRUN_GC_FREEZE=0`", job + ["--params", str(mixed), "--cpu"],
+             {**env, "CSRUN_GC_FREEZE": "0"}),
         ]
         rates: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         ratios: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         cpus: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         steady_ratios: dict[str, list[float]] = {name: [] for name, _, _ in rows}
+        walls: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         for r in range(args.rounds):
             base = 0.0
             for i, (name, argv, job_env) in enumerate(rows):
-                rate, steady, cpu = run_job(argv, job_env, folder / f"md_{r}_{i}")
+                rate, steady, cpu, wall = run_job(argv, job_env, folder / f"md_{r}_{i}")
+                walls[name].append(wall)
                 base = rate if i == 0 else base
                 rates[name].append(rate)
                 ratios[name].append(rate / base)
@@ -112,12 +118,13 @@ def main() -> int:
     print(f"\nfc_mnist, configs/fc_mnist.yaml, {steps} steps of batch 128, {args.rounds} rounds "
           f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, {os.cpu_count()} cores)\n")
     print("| run | samples/s (median) | / `--cpu` (median of rounds) | rounds | / `--cpu` without compile + load "
-          "| CPU s / wall s |")
-    print("|---|---|---|---|---|---|")
+          "| CPU s / wall s | whole job, wall s |")
+    print("|---|---|---|---|---|---|---|")
     for name, _, _ in rows:
         each = ", ".join(f"{x:.2f}" for x in ratios[name])
         print(f"| {name} | {statistics.median(rates[name]):,.0f} | {statistics.median(ratios[name]):.2f} | "
-              f"{each} | {statistics.median(steady_ratios[name]):.2f} | {statistics.median(cpus[name]):.2f} |")
+              f"{each} | {statistics.median(steady_ratios[name]):.2f} | {statistics.median(cpus[name]):.2f} | "
+              f"{statistics.median(walls[name]):.1f} |")
     return 0
 
 

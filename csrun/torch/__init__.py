@@ -89,7 +89,9 @@ Public names: :func:`initialize`, :func:`module`, :func:`optimizer`, :func:`data
 the helpers of :mod:`csrun.torch.helpers`. Errors a user can fix derive from
 :class:`csrun.errors.UserError`. Environment variables: those of :mod:`csrun.cluster`
 (rank, size, node, ``CSRUN_LAUNCHER``, ``SLURM_JOB_ID``) and :mod:`csrun.stream.wire`
-(``CSRUN_STREAM_TIMEOUT``, ``CSRUN_STREAM_ERROR_GRACE``); ``CS_IP`` (the device address when
+(``CSRUN_STREAM_TIMEOUT``, ``CSRUN_STREAM_ERROR_GRACE``); ``CSRUN_GC_FREEZE`` (``0`` leaves the
+garbage collector alone; by default the heap built before the work is frozen at ``initialize``
+and at a Session's entry and given back at its exit: :mod:`csrun.torch.gc_policy`); ``CS_IP`` (the device address when
 ``cs_ip`` is not given) and ``CSRUN_EMULATOR_TOKEN`` (or ``~/.csrun/emulator.token``: the
 token a remote device wants). mpi4py is loaded only when the job has more than one task.
 """

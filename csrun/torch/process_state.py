@@ -17,6 +17,7 @@ from csrun.compiler.settings import CompileSettings
 from csrun.driver.run_path import RunFlags, RunPathError, decide
 from csrun.stream.receiver import Receiver
 from csrun.stream.wire import mpi
+from csrun.torch.gc_policy import hold_setup_objects, release_setup_objects
 from csrun.torch.backend import Backend, DeviceOptions, EagerBackend, StepClosure, device_factory
 
 
@@ -100,6 +101,7 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
         st.backend = factory(st.options)
     else:
         st.backend = EagerBackend(settings)
+    hold_setup_objects(strict=st.info.is_chief)  # csrun.torch.gc_policy: imports done, the model comes next
     return st
 
 
@@ -122,6 +124,7 @@ def _release_unstarted() -> None:
 def reset_for_tests() -> None:
     """Forget the state (unit tests only)."""
     global _state
+    release_setup_objects(True)  # a test's initialize (or Session) froze the heap: the next test starts unfrozen
     if _state is not None and hasattr(_state.backend, "close"):
         _state.backend.close()
     _state = None

@@ -13,6 +13,9 @@ collects their statistics into :attr:`Session.stats` (a
 table with the input-bound verdict on stderr. Only one session per run can stream: the
 streamers are gone after it.
 
+While a session runs, the objects alive at its entry are frozen out of the garbage
+collector's scans and given back at its exit (:mod:`csrun.torch.gc_policy`).
+
 Failures end the whole job, never hang it: a :class:`~csrun.stream.errors.StreamError`
 (a streamer failed, died or went silent) is printed as ``csrun: error: ...`` and the job is
 aborted (``MPI.COMM_WORLD.Abort(1)``). Any other exception in the chief's body stops the
@@ -33,6 +36,7 @@ from csrun.stream.stats import StreamerStats, StreamStats, print_report
 from csrun.stream.wire import abort_after_output, error_grace, mpi, stream_timeout
 from csrun.torch.closures import add_step_closure, end_step
 from csrun.torch.dataloader import StreamingDataLoader
+from csrun.torch.gc_policy import hold_setup_objects, release_setup_objects
 from csrun.torch.process_state import comm, state
 
 MODES = ("train", "eval")
@@ -68,6 +72,7 @@ class Session:
         self.stats: StreamStats | None = None
         """The input stream's figures, set when the session ends."""
         self._receiver: Receiver | None = None
+        self._held_heap = False
 
     def __enter__(self) -> "Session":
         st = state()
@@ -80,7 +85,12 @@ class Session:
                                "first one ends")
         if st.streaming:
             stream_timeout(), error_grace()  # a bad setting fails here, while the streamers can still be released
-        st.backend.begin_session(self.mode)
+        self._held_heap = hold_setup_objects()  # csrun.torch.gc_policy: the setup's heap is not scanned again
+        try:
+            st.backend.begin_session(self.mode)
+        except BaseException:
+            release_setup_objects(self._held_heap)
+            raise
         if st.streaming:
             st.streamed = True
             try:
@@ -111,6 +121,7 @@ class Session:
     def _stream_and_exit(self) -> None:
         st = state()
         st.streamed = True
+        hold_setup_objects(strict=False)  # the process ends with the stream: nothing to give back
         run_streamer(comm(), self.dataloader.source(), node=st.info.node_name)
         MPI = mpi()
         if not MPI.Is_finalized():
@@ -119,6 +130,13 @@ class Session:
         sys.exit(0)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+        try:
+            return self._leave(exc)
+        finally:
+            release_setup_objects(self._held_heap)
+            self._held_heap = False
+
+    def _leave(self, exc: BaseException | None) -> Literal[False]:
         st = state()
         st.session = None
         receiver = self._receiver

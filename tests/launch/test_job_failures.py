@@ -1,7 +1,8 @@
 """Every way a task can fail ends the whole csrun_wse job within seconds, with that task's code.
 
 A three-task job (tests/launch/scripts/failing_task.py) fails where ``FAIL=RANK:PHASE:CODE``
-says: before MPI init, inside Session entry (a bad CSRUN_STREAM_TIMEOUT), mid-stream on a
+says: before MPI init, inside initialize (a bad CSRUN_GC_FREEZE), inside Session entry (a bad
+CSRUN_STREAM_TIMEOUT), mid-stream on a
 streamer, mid-step on the chief, in an exit hook. Local mode (mpiexec) here; the same under
 Slurm in tests/slurm/test_job_failures_on_cluster.py. Also: a SIGKILLed csrun_wse takes its
 tasks (and a job's emulator) along, and an aborted job leaves no MPICH segment in /dev/shm.
@@ -42,6 +43,7 @@ def shm() -> set[str]:
     ("1:before:7", {}, 7, 1),            # a streamer exits before MPI init
     ("0:before:5", {}, 5, 0),            # the chief exits before MPI init
     ("-1:none:0", {"CSRUN_STREAM_TIMEOUT": "abc"}, 1, 0),  # inside Session entry
+    ("-1:none:0", {"CSRUN_GC_FREEZE": "maybe"}, 1, 0),  # inside initialize, before MPI init
     ("1:stream:9", {}, 9, 1),            # a streamer dies mid-stream
     ("0:step:3", {}, 3, 0),              # the chief exits mid-step
     ("2:atexit:4", {}, 4, 2),            # a streamer's exit hook fails after its work

@@ -17,16 +17,18 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "failing_task.py"
 
 
-@pytest.mark.parametrize("fail, code, rank, node", [
-    ("1:before:7", 7, 1, "cs-w1"),   # a streamer exits before MPI init
-    ("0:step:3", 3, 0, "cs-chief"),  # the chief crashes mid-step: 3, not srun's 143
-    ("2:stream:9", 9, 2, "cs-w2"),   # a streamer dies mid-stream
+@pytest.mark.parametrize("fail, extra_env, code, rank, node", [
+    ("1:before:7", {}, 7, 1, "cs-w1"),   # a streamer exits before MPI init
+    ("-1:none:0", {"CSRUN_GC_FREEZE": "maybe"}, 1, 0, "cs-chief"),  # the chief, inside initialize
+    ("0:step:3", {}, 3, 0, "cs-chief"),  # the chief crashes mid-step: 3, not srun's 143
+    ("2:stream:9", {}, 9, 2, "cs-w2"),   # a streamer dies mid-stream
 ])
-def test_a_failed_task_ends_the_job_with_its_code(slurm_env: dict[str, str], tmp_path: Path, fail: str, code: int,
-                                                  rank: int, node: str) -> None:
+def test_a_failed_task_ends_the_job_with_its_code(slurm_env: dict[str, str], tmp_path: Path, fail: str,
+                                                  extra_env: dict[str, str], code: int, rank: int, node: str) -> None:
     t0 = time.monotonic()
     done = subprocess.run([str(BIN / "csrun_wse"), "--total-nodes", "3", "--tasks-per-node", "1", sys.executable, str(SCRIPT)],
-                          env={**slurm_env, "FAIL": fail}, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          env={**slurm_env, "FAIL": fail, **extra_env}, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
     took = time.monotonic() - t0
     assert done.returncode == code, done.stdout + done.stderr
     assert f"csrun_wse: task rank {rank} on {node} exited with code {code}" in done.stderr, done.stderr

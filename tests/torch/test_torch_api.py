@@ -8,10 +8,8 @@ from torch.utils.data import DataLoader, Dataset
 
 import csrun.torch as cbtorch
 from csrun.errors import UserError
-from csrun.torch import backend as backend_mod
-from csrun.torch import process_state as state_mod
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("lone_chief")]  # tests/torch/conftest.py
 
 
 class Pairs(Dataset):
@@ -24,18 +22,6 @@ class Pairs(Dataset):
     def __getitem__(self, i: int):
         return {"x": torch.full((2,), float(i)), "y": torch.tensor(i + self.offset)}
 
-
-@pytest.fixture(autouse=True)
-def lone_chief(monkeypatch):
-    for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID",
-                 "SLURM_NTASKS", "SLURM_HET_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    state_mod.reset_for_tests()
-    installed = backend_mod.device_factory()
-    backend_mod.register_device_backend(None)
-    yield
-    state_mod.reset_for_tests()
-    backend_mod.register_device_backend(installed)
 
 
 def _loader(n: int = 8, batch: int = 2, offset: int = 0):
