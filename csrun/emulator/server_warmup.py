@@ -10,10 +10,11 @@ seconds while the job's chief imports torch, builds the model and compiles. Its 
 - on a GPU, the device's runtime: context, allocator, cuBLAS handle and a first kernel (0.2-0.3 s
   on that H100, more on a cold node).
 
-:func:`warm_up` does both on a daemon thread as soon as the server listens. It is safe to race:
-a load that arrives first waits on the same import locks and on torch's thread-safe lazy CUDA
-initialisation, and nothing runs twice. A failure is logged and left to the first load to
-report.
+:func:`warm_up` does both on a daemon thread as soon as the server listens. A load that arrives
+meanwhile waits for the reader's import to finish (:func:`csrun.program.archive.import_reader`
+lets one thread import it at a time: two importing torch.export's circular modules at once can
+each get the other's half-initialised module) and for torch's thread-safe lazy CUDA start;
+nothing runs twice. A failure is logged and left to the first load to report.
 """
 
 from __future__ import annotations

@@ -84,6 +84,8 @@ PROGRAM_FILE = "program.pt2"
 FROM_CLIENT = "program sent by client"
 """How a refusal names an archive that came over the link."""
 
+_READER_IMPORT = threading.Lock()
+"""Held while torch's deserialiser is imported (:func:`import_reader`)."""
 _LOCK = threading.Lock()
 """Serialises torch's program (de)serialiser (module-global state; see the module docstring)."""
 
@@ -467,6 +469,7 @@ def read_archive(data: bytes | str | os.PathLike[str], *, source: str | None = N
     bytes). Raises :class:`ArchiveRefused` (one line) for anything refused or damaged. The
     program has no example inputs and no guards code; tied weights are one tensor.
     """
+    import_reader()  # after a server's warm-up, or waiting for it: never beside it
     if isinstance(data, os.PathLike):
         data = os.fspath(data)
     name = source or (data if isinstance(data, str) else FROM_CLIENT)
@@ -492,8 +495,13 @@ def read_archive(data: bytes | str | os.PathLike[str], *, source: str | None = N
 
 def import_reader() -> None:
     """Import torch's deserialiser (most of torch.export: seconds in a fresh process), so that a
-    later :func:`read_archive` does not wait for it; a server calls this while it waits for work."""
-    from torch._export.serde import schema, serialize  # noqa: F401
+    later :func:`read_archive` does not wait for it; a server calls this while it waits for work.
+
+    One thread imports it at a time (a reader arriving meanwhile waits here): two threads
+    importing torch.export's circular modules at once can each be handed the other's
+    half-initialised module."""
+    with _READER_IMPORT:
+        from torch._export.serde import schema, serialize  # noqa: F401
 
 
 def _deserialize(doc: dict[str, Any], state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor],

@@ -332,11 +332,16 @@ def test_a_huge_shape_fails_the_step_in_one_logged_line(server: EmulatorServer, 
     train_ok(server, program, job="after-the-huge-shape")
 
 
-def test_the_warm_up_imports_the_program_reader() -> None:
+def test_the_warm_up_imports_the_program_reader_and_a_load_can_race_it(tmp_path: Path, program: tuple) -> None:
+    archive = tmp_path / "program.bin"
+    archive.write_bytes(save_program(program[0]))
     code = ("import sys, torch\n"
             "from csrun.emulator.server_warmup import warm_up\n"
+            "from csrun.emulator.program import load_program\n"
             "assert 'torch._export.serde.serialize' not in sys.modules\n"
-            "warm_up('cpu').join(120)\n"
+            "thread = warm_up('cpu')\n"
+            f"load_program(open({str(archive)!r}, 'rb').read())  # while the warm-up imports\n"
+            "thread.join(120)\n"
             "assert 'torch._export.serde.serialize' in sys.modules\n"
             "assert not torch.cuda.is_initialized()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
