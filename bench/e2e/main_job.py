@@ -13,7 +13,10 @@ alternating rounds, each into a fresh model_dir:
   the config's mixed precision: float16 emulated by rounding on float32 kernels);
 - ``csrun_wse --total-nodes 1``: the embedded emulator in one process, float16 by rounding;
   again with ``CSRUN_HALF_EMULATION=autocast`` (16-bit CPU kernels); and with
-  ``mixed_precision: false`` (float32).
+  ``mixed_precision: false`` (float32);
+- the README command again, into a model_dir where ``--compile_only`` (the same command with the
+  flag; untimed) compiled it first: the legacy two-step workflow, whose training run loads the
+  compile from ``cs_<hash>/`` instead of capturing the step.
 
 Prints one markdown table: the runner's own samples/s (``performance.json``; the emulator
 path's figure includes the compile), its ratio to the ``--cpu`` run of the same round
@@ -41,6 +44,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".venv" / "bin"
 RUN = REPO / "models" / "fc_mnist" / "run.py"
+PRECOMPILED = "`csrun_wse --total-nodes 3` after `--compile_only` into its model_dir (legacy two-step)"
 
 
 def _children_cpu() -> float:
@@ -48,9 +52,16 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_job(argv: list[str], env: dict[str, str], model_dir: Path) -> tuple[float, float, float, float]:
+def run_job(argv: list[str], env: dict[str, str], model_dir: Path, *,
+            precompile: bool = False) -> tuple[float, float, float, float]:
     """Run one job; (samples/s from performance.json, the same without the compile and the program
-    load, CPU s / wall s of all its processes, the whole job's wall seconds)."""
+    load, CPU s / wall s of all its processes, the whole job's wall seconds). ``precompile``: run
+    the same command with ``--compile_only`` into ``model_dir`` first (not counted)."""
+    if precompile:
+        done = subprocess.run(argv + ["--compile_only", "-o", str(model_dir)], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=1200)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} --compile_only failed ({done.returncode}):\n{done.stderr[-3000:]}")
     cpu0, t0 = _children_cpu(), time.monotonic()
     done = subprocess.run(argv + ["-o", str(model_dir)], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=1200)
@@ -97,6 +108,7 @@ def main() -> int:
              [wse, "--total-nodes", "3"] + job + ["--params", str(mixed)], {**env, "CSRUN_GC_FREEZE": "0"}),
             ("`--cpu` path, `CSRUN_GC_FREEZE=0`", job + ["--params", str(mixed), "--cpu"],
              {**env, "CSRUN_GC_FREEZE": "0"}),
+            (PRECOMPILED, [wse, "--total-nodes", "3"] + job + ["--params", str(mixed)], env),
         ]
         rates: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         ratios: dict[str, list[float]] = {name: [] for name, _, _ in rows}
@@ -106,7 +118,8 @@ def main() -> int:
         for r in range(args.rounds):
             base = 0.0
             for i, (name, argv, job_env) in enumerate(rows):
-                rate, steady, cpu, wall = run_job(argv, job_env, folder / f"md_{r}_{i}")
+                rate, steady, cpu, wall = run_job(argv, job_env, folder / f"md_{r}_{i}",
+                                                  precompile=name == PRECOMPILED)
                 walls[name].append(wall)
                 base = rate if i == 0 else base
                 rates[name].append(rate)

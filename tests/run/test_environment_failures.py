@@ -85,11 +85,11 @@ def test_the_server_dying_mid_training(fc_mnist: Run, tmp_path: Path, monkeypatc
         monkeypatch.setenv("CSRUN_EMULATOR_TOKEN", token)
         wants = loops._StepBook.wants
 
-        def kill_at_50(self: loops._StepBook, step: int) -> bool:  # the loop asks this after every step
+        def kill_at_50(self: loops._StepBook, step: int, unread: int) -> bool:  # the loop asks this after every step
             if step == 50:
                 server.send_signal(signal.SIGKILL)
                 server.wait(10)
-            return wants(self, step)
+            return wants(self, step, unread)
 
         monkeypatch.setattr(loops._StepBook, "wants", kill_at_50)
         md = tmp_path / "md"

@@ -77,10 +77,10 @@ def test_sigterm_checkpoints_then_resume_matches(fc_mnist: Run, tmp_path: Path, 
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(full)) == 0
     wants = loops._StepBook.wants
 
-    def signal_at_37(self: loops._StepBook, step: int) -> bool:  # the loop asks this after every step
+    def signal_at_37(self: loops._StepBook, step: int, unread: int) -> bool:  # the loop asks this after every step
         if step == 37:
             os.kill(os.getpid(), signal.SIGTERM)  # a real signal, caught by the runner's handler
-        return wants(self, step)
+        return wants(self, step, unread)
 
     monkeypatch.setattr(loops._StepBook, "wants", signal_at_37)
     capsys.readouterr()
@@ -158,10 +158,10 @@ def test_the_preemption_signal_is_configurable_and_asks_the_batch_script_to_requ
     monkeypatch.setenv("CSRUN_REQUEUE_FILE", str(ask))
     wants = loops._StepBook.wants
 
-    def signal_at_21(self: loops._StepBook, step: int) -> bool:
+    def signal_at_21(self: loops._StepBook, step: int, unread: int) -> bool:
         if step == 21:
             os.kill(os.getpid(), signal.SIGUSR2)
-        return wants(self, step)
+        return wants(self, step, unread)
 
     monkeypatch.setattr(loops._StepBook, "wants", signal_at_21)
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(tmp_path / "md")) == 140
