@@ -877,9 +877,6 @@ def _shadow_run(model: torch.nn.Module) -> Iterator[None]:
 
 def value_of(x: Any) -> Any:
     """``x`` with every closed step value replaced by its device value (for closure arguments)."""
-    if isinstance(x, StepValue):  # one value (a closure's argument): no tree to walk
-        return x._recorder._value_of(x)
-
     def one(v: Any) -> Any:
         if isinstance(v, StepValue):
             return v._recorder._value_of(v)

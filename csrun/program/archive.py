@@ -84,10 +84,9 @@ PROGRAM_FILE = "program.pt2"
 FROM_CLIENT = "program sent by client"
 """How a refusal names an archive that came over the link."""
 
-_READER_IMPORT = threading.Lock()
-"""Held while torch's deserialiser is imported (:func:`import_reader`)."""
 _LOCK = threading.Lock()
-"""Serialises torch's program (de)serialiser (module-global state; see the module docstring)."""
+"""Serialises torch's program (de)serialiser (module-global state; see the module docstring) and
+its first import (:func:`import_reader`)."""
 
 _TOP_FILES = {"archive_format": "pt2", "archive_version": "0", "byteorder": "little",
               ".data/version": None, ".data/serialization_id": None}
@@ -500,7 +499,7 @@ def import_reader() -> None:
     One thread imports it at a time (a reader arriving meanwhile waits here): two threads
     importing torch.export's circular modules at once can each be handed the other's
     half-initialised module."""
-    with _READER_IMPORT:
+    with _LOCK:
         from torch._export.serde import schema, serialize  # noqa: F401
 
 

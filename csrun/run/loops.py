@@ -63,14 +63,8 @@ class LossValueError(UserError):
     exit_code = 1
 
 
-_AT_MOST_FLOAT32 = (torch.float32, torch.float16, torch.bfloat16)
-"""Dtypes whose ``item()`` is exactly their value as float32 (what :func:`_scalar` reads)."""
-
-
 def _scalar(value: Any) -> float:
     if isinstance(value, torch.Tensor):
-        if value.numel() == 1 and value.dtype in _AT_MOST_FLOAT32:
-            return value.item()  # the loss every step (save_losses): one call, the same float
         return float(value.detach().float().reshape(-1)[0]) if value.numel() else float("nan")
     return float(value)
 
@@ -127,9 +121,8 @@ class _StepBook:
         self.last_time = time.perf_counter()
         self.last_step = s.start_step
         self.rate: float | None = None
-        self.group = 1
-        """Loss rows read per closure: 1 until the first closure has seen the outputs' size."""
-        self._sized = False
+        self.group: int | None = None
+        """Loss rows read per closure; None (read each) until the first closure has seen the outputs' size."""
 
     def save(self, step: int) -> None:
         s = self.s
@@ -148,7 +141,7 @@ class _StepBook:
         """Whether step ``step`` needs its outputs read (a closure makes the chief wait for the device):
         a log, checkpoint or last step, a pending preemption, or ``unread`` loss rows making a group."""
         s = self.s
-        return (unread >= self.group or step % s.log_steps == 0 or step == s.target_step
+        return (unread >= (self.group or 1) or step % s.log_steps == 0 or step == s.target_step
                 or bool(s.checkpoint_steps and step % s.checkpoint_steps == 0) or s.preemption.requested)
 
     def check(self, loss: float) -> None:
@@ -165,11 +158,10 @@ class _StepBook:
             self.check(value)
             if s.losses is not None:
                 s.losses.add(row_step, value)
-        loss = _scalar(outputs["loss"])
+        loss = _scalar(outputs["loss"])  # this step's: also the last row when there are rows
         if not rows:
             self.check(loss)
-        if not self._sized:  # a group holds its steps' outputs alive: only small ones are grouped
-            self._sized = True
+        if self.group is None:  # a group holds its steps' outputs alive: only small ones are grouped
             held = sum(t.numel() * t.element_size() for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor))
             self.group = LOSS_READ_EVERY if held <= LOSS_GROUP_MAX_OUTPUT_BYTES else 1
         if step % s.log_steps == 0 or step == s.target_step:
