@@ -8,8 +8,9 @@ Command (from the repository root)::
 Builds one :class:`~csrun.emulator.engine.Engine` per precision (float16 by rounding, the
 config's; float32) for configs/fc_mnist.yaml's model (10 x 50 ReLU MLP, batch 128, SGD with
 momentum 0.9) and runs ``--steps`` steps on the caller's thread with the lean update
-(:mod:`csrun.emulator.lean_step`: torch's ``_multi_tensor_sgd`` called directly), then as many
-with ``optimizer.step()``, alternating for ``--rounds`` rounds. Prints ms/step (medians) and the
+(:mod:`csrun.emulator.lean_step`: the scripted update, everything after the backward in one
+TorchScript call), then as many with ``optimizer.step()`` (and the general path's gradient
+handling), alternating for ``--rounds`` rounds. Prints ms/step (medians) and the
 median of the per-round ratios lean / ``optimizer.step()``, wall and CPU (thread) time.
 
 Then the BERT debug model (``configs/bert_debug.yaml``'s model and first batch, float32) with
@@ -66,7 +67,7 @@ def main() -> int:
         engine = Engine(torch.export.export(model, (batch,)),
                         ProgramSpec(optimizer=opt, learning_rate=1e-4, precision=precision), "cpu",
                         notice=lambda _m: None)
-        lean = engine._lean_step
+        lean, scripted = engine._lean_step, engine._scripted_update
         if lean is None:
             raise SystemExit("the engine has no lean update for SGD: nothing to compare")
         timed(engine, batch, 20)
@@ -75,6 +76,7 @@ def main() -> int:
         for _ in range(args.rounds):
             for name in ("lean", "step"):
                 engine._lean_step = lean if name == "lean" else None
+                engine._scripted_update = scripted if name == "lean" else None
                 wall, cpu = timed(engine, batch, args.steps)
                 walls[name].append(wall)
                 cpus[name].append(cpu)

@@ -4,8 +4,10 @@ One :class:`Engine` holds one program (a ``torch.export`` ExportedProgram of for
 its :class:`~csrun.program.spec.ProgramSpec`. A training step runs the captured graph (not the
 user's Python: side effects in the step happened once, at capture), backward through autograd,
 unscale/overflow check, clipping, the optimizer update with the learning rate the schedule gives
-for the global step (torch's own update code, without ``torch.optim``'s per-step wrappers where
-:mod:`~csrun.emulator.lean_step` applies), and the loss-scale update. All state lives on the engine's device.
+for the global step (torch's update arithmetic, without ``torch.optim``'s per-step wrappers where
+:mod:`~csrun.emulator.lean_step` applies: for one-group SGD with a static loss scale and no
+clipping, everything after the backward is one TorchScript call that runs without the GIL), and
+the loss-scale update. All state lives on the engine's device.
 
 The program's forward returns the loss, or a tuple/list whose first item is the loss, or a
 mapping with a ``"loss"`` key; other items come back as extra outputs (``output_<i>`` for
@@ -29,7 +31,7 @@ from csrun.emulator import (
     traced_forward,
 )
 from csrun.emulator.errors import SpecError
-from csrun.emulator.lean_step import lean_step
+from csrun.emulator.lean_step import ScriptedUpdate, lean_step, scripted_update
 from csrun.program import schedules
 from csrun.program.loss_scaling import (
     INITIAL_LOSS_SCALE,
@@ -245,6 +247,7 @@ class Engine:
         self._step = 0  # host mirror of global_step: no device read per step
         self.optimizer: torch.optim.Optimizer | None = None
         self._lean_step: Callable[[], bool] | None = None  # the update without torch.optim's wrappers
+        self._scripted_update: ScriptedUpdate | None = None  # all of it in one TorchScript call (one-group SGD)
         self.schedule: schedules.Schedule | None = None
         self.scaler: loss_scaling.LossScaler | None = None
         self.max_norm = getattr(spec, "max_gradient_norm", None)
@@ -268,6 +271,7 @@ class Engine:
             )
             optimizers.preinitialize_state(self.optimizer)
             self._lean_step = lean_step(self.optimizer)
+            self._scripted_update = scripted_update(self.optimizer, self.params, self.half_weights)
         # train/eval behaviour (dropout, batch norm) is fixed in the captured graph; the
         # unlifted module refuses .train()/.eval(), so nothing is switched here.
 
@@ -370,6 +374,13 @@ class Engine:
         if publish is not None:
             publish(out)
         (loss * scale if scale != 1.0 else loss).backward()
+        if (self._scripted_update is not None and not scaler.dynamic and self.max_norm is None
+                and self.max_value is None):
+            optimizers.set_learning_rate(opt, lr)
+            if self._scripted_update(1.0 / scale):  # rounding, unscaling, update: no overflow to check
+                self._step += 1
+                self.global_step.add_(1)
+                return out
         if self.half_weights is not None:
             self.half_weights.gradients_to_masters()
         grads = [p.grad for p in self.params if p.grad is not None]

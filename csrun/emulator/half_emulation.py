@@ -162,6 +162,10 @@ class HalfWeights:
                 torch._foreach_copy_(self._low, self.masters)
                 torch._foreach_copy_(self.leaves, self._low)
 
+    def low_buffers(self) -> list[torch.Tensor]:
+        """The weights' 16-bit buffers, one per master (free between :meth:`refresh` and the next step's)."""
+        return self._low
+
     def gradients_to_masters(self) -> None:
         """Round each leaf's gradient to the 16-bit format and add it to its master's gradient."""
         pairs = [(leaf, m, low) for leaf, m, low in zip(self.leaves, self.masters, self._low) if leaf.grad is not None]

@@ -1,0 +1,163 @@
+"""The engine's scripted update (one TorchScript call after the backward: the float16 rounding of
+the gradients, the unscaling and the SGD update) gives the general path's numbers bit for bit,
+is what runs where it applies, and steps aside (changing nothing) where it does not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from csrun.compiler.spec import LossScalingSpec, OptimizerSpec
+from csrun.emulator.engine import Engine
+from csrun.emulator.lean_step import ScriptedUpdate, scripted_update
+from tests.emulator.helpers import MLP, make_program, mlp_batches, quiet
+
+
+class Shared(nn.Module):
+    """Its first layer's weight is read by a 16-bit matmul and by a float32 op (a sum of squares)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(12, 24)
+        self.l2 = nn.Linear(24, 5)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        penalty = (self.l1.weight.float() ** 2).sum() * 1e-3
+        return nn.functional.cross_entropy(self.l2(torch.relu(self.l1(x))), y) + penalty
+
+
+def _engine(model: nn.Module, batch: Any, precision: str, hp: dict[str, Any], scale: float | str = 1.0,
+            **spec_kw: Any) -> Engine:
+    torch.manual_seed(0)
+    program, spec = make_program(model, batch, precision=precision,
+                                 optimizer=OptimizerSpec(type="sgd", hyperparameters=dict(hp)),
+                                 loss_scaling=LossScalingSpec(factor=scale), **spec_kw)
+    return Engine(program, spec, notice=quiet)
+
+
+def _counting(engine: Engine) -> list[bool]:
+    """Wrap the engine's scripted update; the list gets each call's answer."""
+    update = engine._scripted_update
+    assert update is not None, "the scripted update should apply to this engine"
+    answers: list[bool] = []
+
+    def counted(inv_scale: float) -> bool:
+        answers.append(update(inv_scale))
+        return answers[-1]
+
+    engine._scripted_update = counted  # type: ignore[assignment]
+    return answers
+
+
+def _state(engine: Engine) -> list[torch.Tensor]:
+    st = engine.state_dict()
+    tensors = list(st["params"].values())
+    for per_param in st["optimizer"]["state"].values():
+        tensors += [t for t in per_param.values() if isinstance(t, torch.Tensor)]
+    return tensors
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("hp", [{}, {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True},
+                                {"momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01}])
+@pytest.mark.parametrize("scale", [1.0, 128.0])
+def test_scripted_update_equals_the_general_path_bit_for_bit(precision: str, hp: dict[str, Any], scale: float,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
+    batches = mlp_batches(6)
+    torch.manual_seed(0)
+    model = MLP()
+    scripted = _engine(model, batches[0], precision, hp, scale)
+    general = _engine(model, batches[0], precision, hp, scale)
+    general._scripted_update = None
+    answers = _counting(scripted)
+    for b in batches:
+        a, g = scripted.run_step(b), general.run_step(b)
+        assert torch.equal(a["loss"], g["loss"])
+    assert answers == [True] * len(batches)
+    assert all(torch.equal(x, y) for x, y in zip(_state(scripted), _state(general)))
+    assert all(p.grad is None for p in scripted.params)
+    if scripted.half_weights is not None:
+        assert all(leaf.grad is None for leaf in scripted.half_weights.leaves)
+
+
+def test_weights_not_all_rounded_take_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
+    batches = mlp_batches(3)
+    torch.manual_seed(0)
+    engine = _engine(Shared(), batches[0], "float16", {"momentum": 0.9})
+    assert engine.half_weights is not None and len(engine.half_weights.masters) < len(engine.params)
+    assert engine._scripted_update is None
+    for b in batches:
+        assert torch.isfinite(engine.run_step(b)["loss"])
+
+
+def test_a_gradient_already_on_a_weight_steps_aside_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A master that holds a gradient of its own when the update comes (what a float32 op reading
+    the weight too would leave): the scripted update declines before changing anything, and the
+    general path adds the two gradients."""
+    monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
+    batches = mlp_batches(3)
+    torch.manual_seed(0)
+    model = MLP()
+    engine = _engine(model, batches[0], "float16", {"momentum": 0.9})
+    reference = _engine(model, batches[0], "float16", {"momentum": 0.9})
+    reference._scripted_update = None
+    update = engine._scripted_update
+    assert update is not None
+    answers: list[bool] = []
+    before: list[list[torch.Tensor]] = []
+
+    def with_a_gradient(inv_scale: float) -> bool:
+        engine.params[0].grad = torch.zeros_like(engine.params[0])
+        before.append(_state(engine))
+        answers.append(update(inv_scale))
+        assert all(torch.equal(x, y) for x, y in zip(before[-1], _state(engine)))  # nothing changed
+        return answers[-1]
+
+    engine._scripted_update = with_a_gradient  # type: ignore[assignment]
+    for b in batches:
+        assert torch.equal(engine.run_step(b)["loss"], reference.run_step(b)["loss"])
+    assert answers == [False] * len(batches)
+    assert all(torch.equal(x, y) for x, y in zip(_state(engine), _state(reference)))
+
+
+def test_a_step_hook_takes_the_general_path_and_runs() -> None:
+    batches = mlp_batches(2)
+    engine = _engine(MLP(), batches[0], "float32", {"momentum": 0.9})
+    answers = _counting(engine)
+    assert engine.optimizer is not None
+    seen: list[int] = []
+    handle = engine.optimizer.register_step_post_hook(lambda *_a: seen.append(1))
+    try:
+        for b in batches:
+            engine.run_step(b)
+    finally:
+        handle.remove()
+    assert answers == [False, False] and seen == [1, 1]
+
+
+@pytest.mark.parametrize("spec_kw", [{"max_gradient_norm": 1.0}, {"max_gradient_value": 0.1}])
+def test_clipping_and_dynamic_scaling_do_not_use_it(spec_kw: dict[str, Any]) -> None:
+    batches = mlp_batches(2)
+    for engine in (_engine(MLP(), batches[0], "float32", {"momentum": 0.9}, **spec_kw),
+                   _engine(MLP(), batches[0], "float32", {"momentum": 0.9}, scale="dynamic")):
+        answers = _counting(engine)
+        for b in batches:
+            engine.run_step(b)
+        assert answers == []
+
+
+def test_only_one_group_sgd_over_the_engine_weights_gets_one() -> None:
+    model = MLP()
+    params = list(model.parameters())
+    assert isinstance(scripted_update(torch.optim.SGD(params, lr=0.1, foreach=True), params, None), ScriptedUpdate)
+    assert scripted_update(torch.optim.AdamW(params, lr=0.1), params, None) is None
+    assert scripted_update(None, params, None) is None
+    two_groups = torch.optim.SGD([{"params": params[:2]}, {"params": params[2:]}], lr=0.1, foreach=True)
+    assert scripted_update(two_groups, params, None) is None
+    assert scripted_update(torch.optim.SGD(params[::-1], lr=0.1, foreach=True), params, None) is None
