@@ -319,6 +319,7 @@ class DeviceDriver:
         if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature():
             self._compile_and_load(inputs, step.mode, recording)
         handle = self._device().submit(inputs)
+        values.inputs = ()  # the device has them: a step value kept for a later closure must not keep the batch
         values.outputs = handle.result
         if step.mode == "train":
             self.view.stale = True

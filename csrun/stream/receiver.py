@@ -48,6 +48,9 @@ from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
+LENT_TRACKED = 16
+"""Buffer sets lent to the user that the pool keeps checking for reuse (the oldest dropped past it)."""
+
 
 def _uses(t: torch.Tensor) -> int:
     return int(_use_count(t.untyped_storage()._cdata)) if _use_count else -1
@@ -154,7 +157,9 @@ class Receiver:
                     f"{schemas[peer.rank].describe()}, but streamer rank {first.rank} sends "
                     f"{self.schema.describe()}: every streamer must produce the same batch structure")
         self._mark_ended_by_skip(hellos[first.rank].get("batches_per_epoch"))
-        self._pool = _Pool(self.schema, track=max(4, len(self._peers)))
+        # the batches handed out and still alive: the loop's, the device queue's and the one the
+        # device runs, a few per streamer; a set no longer tracked is never reused
+        self._pool = _Pool(self.schema, track=max(LENT_TRACKED, len(self._peers)))
         for peer in self._peers:
             peer.slots = [None] * self._prefetch
             for seq in range(self._prefetch):

@@ -202,3 +202,29 @@ def test_the_next_batch_is_fetched_before_the_closures_which_see_their_own_step(
     # runs, seeing the state after its own step; batch n+2 is not fetched before it
     assert events[:7] == [("fetch", 0), ("fetch", 1), ("closure", 0, 1), ("fetch", 2), ("closure", 1, 2),
                           ("fetch", 3), ("closure", 2, 3)]
+
+
+def test_values_kept_for_a_later_closure_do_not_keep_their_batches(model_dir: str) -> None:
+    """A loop that keeps each step's loss to read it steps later (the runner's grouped loss rows):
+    once a step went to the device, its batch is the device's; the kept loss must not hold it."""
+    import gc
+    import weakref
+
+    model, opt, loader = setup(model_dir)
+    kept, batches, alive = [], [], None
+    with cbtorch.Session(loader, report=False):
+        for step, batch in enumerate(loader):
+            batches.append(weakref.ref(batch[0]._value))  # the tensor under the loop's host step value
+            if step == 9:  # steps 0-5 have run on the device (two steps in flight at most)
+                gc.collect()
+                alive = [i for i in range(6) if batches[i]() is not None]
+            opt.zero_grad()
+            loss = model(batch)
+            loss.backward()
+            opt.step()
+            kept.append(loss)
+            if step == 9:
+                break
+        cbtorch.add_step_closure(lambda *losses: None, tuple(kept))
+    assert alive == [], f"the batches of steps {alive} are still alive while their losses are kept"
+    assert len(kept) == 10

@@ -106,3 +106,20 @@ def test_pack_unpack_without_pickle():
     assert out["nested"][1][1].dtype == torch.bfloat16 and float(out["nested"][1][1]) == 2.0
     with pytest.raises(BatchError, match="cannot pack a object"):
         pack(object())
+
+
+def test_the_receive_pool_reuses_a_buffer_set_once_its_batch_is_gone():
+    """More batches alive at once than the old 4 tracked sets (the loop's, the device queue's, the
+    one it runs): once the oldest is dropped, its buffers are lent again, not reallocated."""
+    from csrun.stream.receiver import LENT_TRACKED, _Pool
+
+    schema = Schema.infer((torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64)))
+    pool = _Pool(schema, track=LENT_TRACKED)
+    alive = []
+    for _ in range(8):
+        bufs = pool.take()
+        alive.append(schema.decode(bufs.tensors))  # the user holds the batch
+        pool.lend(bufs)
+    first = pool._lent[0]
+    alive.pop(0)  # the oldest batch is dropped
+    assert pool.take() is first
