@@ -39,6 +39,15 @@ def _engine(model: nn.Module, batch: Any, precision: str, hp: dict[str, Any], sc
     return Engine(program, spec, notice=quiet)
 
 
+def _half_mlps(monkeypatch: pytest.MonkeyPatch, batches: int, engines: int) -> tuple[list[Any], list[Engine]]:
+    """``batches`` batches and ``engines`` engines of one MLP: float16 by rounding, SGD with momentum."""
+    monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
+    data = mlp_batches(batches)
+    torch.manual_seed(0)
+    model = MLP()
+    return data, [_engine(model, data[0], "float16", {"momentum": 0.9}) for _ in range(engines)]
+
+
 def _counting(engine: Engine) -> list[bool]:
     """Wrap the engine's scripted update; the list gets each call's answer."""
     update = engine._scripted_update
@@ -100,12 +109,7 @@ def test_a_gradient_already_on_a_weight_steps_aside_and_changes_nothing(monkeypa
     """A master that holds a gradient of its own when the update comes (what a float32 op reading
     the weight too would leave): the scripted update declines before changing anything, and the
     general path adds the two gradients."""
-    monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
-    batches = mlp_batches(3)
-    torch.manual_seed(0)
-    model = MLP()
-    engine = _engine(model, batches[0], "float16", {"momentum": 0.9})
-    reference = _engine(model, batches[0], "float16", {"momentum": 0.9})
+    batches, (engine, reference) = _half_mlps(monkeypatch, 3, 2)
     reference._scripted_update = None
     update = engine._scripted_update
     assert update is not None
@@ -161,3 +165,18 @@ def test_only_one_group_sgd_over_the_engine_weights_gets_one() -> None:
     two_groups = torch.optim.SGD([{"params": params[:2]}, {"params": params[2:]}], lr=0.1, foreach=True)
     assert scripted_update(two_groups, params, None) is None
     assert scripted_update(torch.optim.SGD(params[::-1], lr=0.1, foreach=True), params, None) is None
+
+
+def test_a_state_loaded_between_steps_reaches_the_next_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state loaded between scripted updates: the next forward reads the loaded weights, rounded
+    (as an engine built fresh and loaded does), and training goes on from the loaded state."""
+    batches, (engine, donor, fresh) = _half_mlps(monkeypatch, 5, 3)
+    for b in batches[:2]:
+        engine.run_step(b)
+    for b in batches[2:5]:
+        donor.run_step(b)
+    state = donor.state_dict()
+    engine.load_state_dict(state)
+    fresh.load_state_dict(state)
+    assert torch.equal(engine.run_step(batches[0])["loss"], fresh.run_step(batches[0])["loss"])
+    assert all(torch.equal(x, y) for x, y in zip(_state(engine), _state(fresh)))
