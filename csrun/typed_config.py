@@ -35,8 +35,8 @@ from typing import Any, Literal, Mapping, TypeVar, Union, get_args, get_origin
 
 from csrun.errors import ConfigError
 
-__all__ = ["ConfigError", "check_fields", "field_doc", "from_mapping", "from_text", "required", "setting",
-           "valid_keys"]
+__all__ = ["ConfigError", "bool_word", "check_fields", "field_doc", "from_mapping", "from_text", "required",
+           "setting", "valid_keys"]
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
@@ -164,14 +164,24 @@ def _convert(value: Any, tp: Any, path: str, text: bool) -> Any:
     return _check_plain(value, tp, path)
 
 
+def bool_word(raw: str) -> bool | None:
+    """True or False for the usual spellings of a yes/no setting (``1``/``0``, ``true``/``false``,
+    ``yes``/``no``, ``on``/``off``; any case, spaces around), None for anything else."""
+    word = raw.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    return None
+
+
 def _parse_text(raw: str, tp: Any, path: str) -> Any:
     word = raw.strip()
     if tp is bool:
-        if word.lower() in _TRUE:
-            return True
-        if word.lower() in _FALSE:
-            return False
-        raise ConfigError(f"{path}: {raw!r} is not True or False")
+        value = bool_word(raw)
+        if value is None:
+            raise ConfigError(f"{path}: {raw!r} is not True or False")
+        return value
     if tp is int:
         try:
             return int(word)

@@ -85,6 +85,11 @@ def _hooked(optimizer: torch.optim.Optimizer) -> bool:
                 or torch_optimizer._global_optimizer_pre_hooks or torch_optimizer._global_optimizer_post_hooks)
 
 
+def _same_tensors(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    """The same tensor objects, in the same order."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
 def _lean_group(group: dict[str, Any]) -> bool:
     """Does this SGD group's update have the lean form?"""
     return bool(group.get("foreach") and not group.get("maximize") and not group.get("differentiable")
@@ -142,7 +147,6 @@ class ScriptedUpdate:
         self.optimizer = optimizer
         self.params = list(params)
         self.half = half
-        self._masters = half.masters if half is not None else None
         self._wide = [torch.empty_like(p) for p in params] if half is not None else []
 
     def __call__(self, inv_scale: float) -> bool:
@@ -154,10 +158,6 @@ class ScriptedUpdate:
         if _hooked(optimizer) or not _lean_group(group):
             return False
         holders: list[torch.Tensor] = half.leaves if half is not None else params
-        if half is not None and half.masters is not self._masters:
-            if any(a is not b for a, b in zip(half.masters, params)):
-                return False  # the weights were re-bound to other tensors
-            self._masters = half.masters
         if half is not None and any(p.grad is not None for p in params):
             return False  # a weight a float32 op read too: the general path adds its two gradients
         grads = [t.grad for t in holders]
@@ -180,10 +180,8 @@ def scripted_update(optimizer: torch.optim.Optimizer | None, params: Sequence[to
     them a 16-bit-rounded weight in that order; else None."""
     if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
         return None
-    group_params = optimizer.param_groups[0]["params"]
-    if len(group_params) != len(params) or any(a is not b for a, b in zip(group_params, params)):
+    if not _same_tensors(optimizer.param_groups[0]["params"], params):
         return None
-    if half is not None and (len(half.masters) != len(params) or any(a is not b for a, b in zip(half.masters, params))
-                             or not all(leaf.requires_grad for leaf in half.leaves)):
+    if half is not None and not (_same_tensors(half.masters, params) and all(leaf.requires_grad for leaf in half.leaves)):
         return None
     return ScriptedUpdate(optimizer, params, half)

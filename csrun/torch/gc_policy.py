@@ -28,20 +28,17 @@ import gc
 import os
 
 from csrun.errors import UserError
+from csrun.typed_config import bool_word
 
 ENV = "CSRUN_GC_FREEZE"
-
-_ON = ("", "1", "on", "true", "yes")
-_OFF = ("0", "off", "false", "no")
 
 
 def freeze_enabled() -> bool:
     """Whether sessions freeze the heap at entry (``CSRUN_GC_FREEZE``; default yes)."""
-    raw = os.environ.get(ENV, "").strip().lower()
-    if raw in _ON:
-        return True
-    if raw in _OFF:
-        return False
+    raw = os.environ.get(ENV, "")
+    value = bool_word(raw) if raw.strip() else True
+    if value is not None:
+        return value
     raise UserError(f"{ENV}={os.environ[ENV]!r} is not a setting; use 1 (the default: a Session freezes the heap "
                     f"built before it) or 0 (leave the garbage collector alone)")
 
