@@ -2,7 +2,9 @@
 
 :func:`run_child` runs an argv to its end and returns its exit code (128+N for signal N),
 forwarding SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 so Slurm's preemption signals reach the
-training script. The child dies with this process: it is started with ``PR_SET_PDEATHSIG``
+training script. It waits in :func:`wait_child`, where a forwarded signal is passed on at once
+whichever of this process's threads the kernel handed it to (a blocking ``wait()`` would hold
+it until the child ended). The child dies with this process: it is started with ``PR_SET_PDEATHSIG``
 (:func:`die_with_parent`), so a launcher or wrapper killed with SIGKILL takes its child along
 (mpiexec, srun, a task) instead of leaving it running. :func:`run_cli` runs a command's body and turns a
 :class:`~csrun.errors.UserError` into ``prog: error: ...`` on stderr and its exit code.
@@ -13,10 +15,13 @@ csrun.launch.job_emulator``) are commands too; :mod:`csrun.cli.common` re-export
 from __future__ import annotations
 
 import ctypes
+import os
+import selectors
 import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable, Sequence
 
 from csrun.errors import UserError
@@ -25,6 +30,8 @@ from csrun.launch.task_log import TaskLog, unbuffered
 PR_SET_PDEATHSIG = 1
 PUMP_DRAIN_S = 2.0
 """How long :func:`run_child` waits, after the child ended, for its last logged lines."""
+WAIT_POLL_S = 0.2
+""":func:`wait_child`'s polling interval where it cannot sleep on the child (off the main thread, no pidfd)."""
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
@@ -39,6 +46,58 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
 
     return preexec
 
+
+def wait_child(child: subprocess.Popen[bytes]) -> int:
+    """``child.wait()``, during which this process's signal handlers run as soon as a signal arrives.
+
+    The kernel gives a process-directed signal to any thread that does not block it. In a
+    blocking ``wait()`` the main thread sleeps in ``waitpid``, and a signal that went to another
+    thread (a log pump) only sets Python's flag: its handler runs when the child has ended.
+    This happens when two signals arrive close together, as when Slurm sends submitit's
+    preemption signal and submitit then sends ours. So a forwarded preemption signal would be
+    lost. Here the main thread sleeps in ``select`` on the child's pidfd and on a wake-up pipe
+    that Python's C-level handler writes, whichever thread took the signal. Handlers run at once,
+    and no lock of the Popen is held while waiting, so a handler may wait for the child itself.
+    Off the main thread, or without ``pidfd_open``, it polls every :data:`WAIT_POLL_S`.
+    """
+    try:
+        pidfd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):  # no pidfd here, or the child was already reaped
+        return _poll_child(child)
+    wake_read, wake_write = os.pipe()
+    try:
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        try:
+            previous = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread
+            return _poll_child(child)
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(pidfd, selectors.EVENT_READ)
+                selector.register(wake_read, selectors.EVENT_READ)
+                while not any(key.fd == pidfd for key, _ in selector.select()):
+                    _drain(wake_read)  # a signal: its handler has run by the next line of Python
+        finally:
+            signal.set_wakeup_fd(previous)
+    finally:
+        for fd in (pidfd, wake_read, wake_write):
+            os.close(fd)
+    return child.wait()
+
+
+def _poll_child(child: subprocess.Popen[bytes]) -> int:
+    while (code := child.poll()) is None:
+        time.sleep(WAIT_POLL_S)
+    return code
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
@@ -104,7 +163,7 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = Fals
     except ValueError:  # not the main thread: signals stay as they are
         previous = {}
     try:
-        code = child.wait()
+        code = wait_child(child)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -17,11 +17,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from csrun.errors import LaunchError, UsageError
+from csrun.launch.process import wait_child
 from csrun.launch.preempt_signal import preemption_signal, submitit_signal
 from csrun.site import SiteConfig
 
@@ -86,11 +86,9 @@ class CommandJob:
         job_vars = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
         self._child = child = subprocess.Popen(command, env={**env, **job_vars}, cwd=cwd,
                                                preexec_fn=_ignore_submitit_signal)
-        # poll, not wait(): submitit's signal handler (checkpoint) runs in this thread and waits for
+        # not child.wait(): submitit's signal handler (checkpoint) runs in this thread and waits for
         # the child itself, which a blocking wait() here would lock out (Popen's waitpid lock)
-        while (code := child.poll()) is None:
-            time.sleep(0.2)
-        return code
+        return wait_child(child)
 
     def checkpoint(self, command: list[str], env: dict[str, str], cwd: str) -> object:
         """On preemption: let the command checkpoint and stop, then ask to run it again."""
