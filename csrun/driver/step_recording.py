@@ -172,9 +172,19 @@ def _matches(t: Any, x: Any) -> bool:
     if tx is not type(t):
         return False
     if tx is tuple or tx is list or (isinstance(x, tuple)):
-        return len(t) == len(x) and all(_matches(a, b) for a, b in zip(t, x))
+        if len(t) != len(x):
+            return False
+        for a, b in zip(t, x):  # a loop, not all(<generator>): this runs for every call of every step
+            if not _matches(a, b):
+                return False
+        return True
     if isinstance(x, dict):
-        return t.keys() == x.keys() and all(_matches(t[k], x[k]) for k in x)
+        if t.keys() != x.keys():
+            return False
+        for k in x:
+            if not _matches(t[k], x[k]):
+                return False
+        return True
     if tx is slice:
         return _matches(t.start, x.start) and _matches(t.stop, x.stop) and _matches(t.step, x.step)
     try:
