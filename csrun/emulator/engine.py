@@ -94,6 +94,33 @@ def _move_constants(module: torch.fx.GraphModule, device: torch.device) -> None:
             setattr(owner, leaf, value.to(device))
 
 
+def _backward(root: torch.Tensor, unit: torch.Tensor) -> None:
+    """``root.backward()`` that needs no GIL until it is done, whatever the training loop does meanwhile.
+
+    The embedded engine shares the chief's GIL with the training loop, which runs Python beside
+    the backward (a closure, the next step's recording). Two things in a plain ``backward()``
+    wait for that Python to let go of the GIL:
+
+    - it frees each saved tensor as soon as it is used, and freeing one that was ever a Python
+      object takes the GIL (torch keeps such a tensor's Python object alive for it): ~1 ms of
+      stall per 1 ms of the loop's Python, measured. ``retain_graph=True`` keeps them; the caller
+      drops the graph right after, on this thread, which holds the GIL then (and before the
+      update, so the update's memory peak is what it was);
+    - ``torch.autograd.backward`` makes the initial gradient with a torch op before it enters the
+      C++ engine, and a torch op lets the GIL go: the loop, just handed the step's outputs, takes
+      it there. A scalar float32 loss (the engine's, always) gets ``unit`` instead, and the C++
+      engine is entered at once (``_engine_run_backward``, what ``torch.autograd.backward`` calls).
+
+    The gradients are those of ``root.backward()``. Anything else (a loss that is not a scalar,
+    a torch without that entry point) goes through ``root.backward(retain_graph=True)``.
+    """
+    run = getattr(torch.autograd.graph, "_engine_run_backward", None)
+    if run is None or root.ndim != 0 or root.dtype != unit.dtype or root.device != unit.device:
+        root.backward(retain_graph=True)
+        return
+    run((root,), (unit,), True, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
 def drop_metadata_asserts(module: torch.fx.GraphModule) -> int:
     """Remove ``aten._assert_tensor_metadata`` checks from the graph; how many were removed.
 
@@ -244,6 +271,8 @@ class Engine:
         self.named_params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named_params]
         self.global_step = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._unit = torch.ones((), dtype=torch.float32, device=self.device)
+        """The backward's initial gradient for a scalar float32 loss (see :func:`_backward`)."""
         self._step = 0  # host mirror of global_step: no device read per step
         self.optimizer: torch.optim.Optimizer | None = None
         self._lean_step: Callable[[], bool] | None = None  # the update without torch.optim's wrappers
@@ -371,15 +400,11 @@ class Engine:
         }
         for k, v in extra.items():  # copied when handed out early: an extra may alias a weight the update changes
             out[k] = (v.detach().clone() if publish is not None else v.detach()) if isinstance(v, torch.Tensor) else v
+        root = loss * scale if scale != 1.0 else loss
         if publish is not None:
             publish(out)
-        # retain_graph: otherwise the backward frees each saved tensor as soon as it is used, and
-        # freeing one that was ever a Python object takes the GIL (torch keeps such a tensor's
-        # Python object alive for it): the backward then stalls whenever the training loop runs
-        # Python beside it (~1 ms of stall per 1 ms of the loop's Python). Kept, the saved tensors
-        # go with this step's graph when run_step returns, on this thread, which holds the GIL
-        # then. Same gradients; the graph's saved tensors live until the update is done.
-        (loss * scale if scale != 1.0 else loss).backward(retain_graph=True)
+        _backward(root, self._unit)
+        del loss, extra, root  # the step's graph: its last references (see _backward)
         if (self._scripted_update is not None and not scaler.dynamic and self.max_norm is None
                 and self.max_value is None):
             optimizers.set_learning_rate(opt, lr)
