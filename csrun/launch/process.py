@@ -60,6 +60,8 @@ def wait_child(child: subprocess.Popen[bytes]) -> int:
     and no lock of the Popen is held while waiting, so a handler may wait for the child itself.
     Off the main thread, or without ``pidfd_open``, it polls every :data:`WAIT_POLL_S`.
     """
+    if child.returncode is not None:  # reaped already (a handler may have waited for it): its pid may be another's
+        return child.returncode
     try:
         pidfd = os.pidfd_open(child.pid)
     except (AttributeError, OSError):  # no pidfd here, or the child was already reaped
