@@ -31,6 +31,7 @@ and ~5 % less alone; the README job ran ~4 % faster (BENCHMARKS.md).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -66,9 +67,13 @@ def _sgd_update(grads: list[torch.Tensor], params: list[torch.Tensor], buffers: 
     torch._foreach_add_(params, grads, alpha=-lr)
 
 
-with warnings.catch_warnings():  # torch.jit.script is deprecated in torch 2.13 (csrun pins it): see traced_forward
-    warnings.simplefilter("ignore", DeprecationWarning)
-    sgd_update = torch.jit.script(_sgd_update)
+@functools.cache
+def sgd_update() -> Callable[..., None]:
+    """:func:`_sgd_update` as TorchScript, compiled at the first update (not at import: the eager
+    ``--cpu`` path imports this module too and never updates through it)."""
+    with warnings.catch_warnings():  # torch.jit.script is deprecated in torch 2.13 (csrun pins it): see traced_forward
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(_sgd_update)  # type: ignore[no-any-return]
 
 
 def lean_step(optimizer: torch.optim.Optimizer) -> Callable[[], bool] | None:
@@ -114,7 +119,7 @@ def _buffers(optimizer: torch.optim.Optimizer, group: dict[str, Any],
 def _run(group: dict[str, Any], grads: list[torch.Tensor], params: list[torch.Tensor], buffers: list[torch.Tensor],
          low: list[torch.Tensor], wide: list[torch.Tensor], inv_scale: float) -> None:
     with torch.no_grad():
-        sgd_update(grads, params, buffers, low, wide, inv_scale, float(group["weight_decay"]),
+        sgd_update()(grads, params, buffers, low, wide, inv_scale, float(group["weight_decay"]),
                    float(group["momentum"]), float(group["lr"]), float(group["dampening"]), bool(group["nesterov"]))
 
 
