@@ -62,27 +62,24 @@ def wait_child(child: subprocess.Popen[bytes]) -> int:
     """
     if child.returncode is not None:  # reaped already (a handler may have waited for it): its pid may be another's
         return child.returncode
+    if threading.current_thread() is not threading.main_thread() or not hasattr(os, "pidfd_open"):
+        return _poll_child(child)  # only the main thread may set the wake-up fd
     try:
         pidfd = os.pidfd_open(child.pid)
-    except (AttributeError, OSError):  # no pidfd here, or the child was already reaped
+    except OSError:  # the child was reaped meanwhile
         return _poll_child(child)
     wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    previous = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     try:
-        os.set_blocking(wake_read, False)
-        os.set_blocking(wake_write, False)
-        try:
-            previous = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread
-            return _poll_child(child)
-        try:
-            with selectors.DefaultSelector() as selector:
-                selector.register(pidfd, selectors.EVENT_READ)
-                selector.register(wake_read, selectors.EVENT_READ)
-                while not any(key.fd == pidfd for key, _ in selector.select()):
-                    _drain(wake_read)  # a signal: its handler has run by the next line of Python
-        finally:
-            signal.set_wakeup_fd(previous)
+        with selectors.DefaultSelector() as selector:
+            selector.register(pidfd, selectors.EVENT_READ)
+            selector.register(wake_read, selectors.EVENT_READ)
+            while not any(key.fd == pidfd for key, _ in selector.select()):
+                _drain(wake_read)  # a signal: its handler has run by the next line of Python
     finally:
+        signal.set_wakeup_fd(previous)
         for fd in (pidfd, wake_read, wake_write):
             os.close(fd)
     return child.wait()
