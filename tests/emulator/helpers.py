@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
+from csrun.emulator.engine import Engine
 
 
 class MLP(nn.Module):
@@ -112,7 +113,18 @@ def quiet(_msg: str) -> None:
     """A notice sink."""
 
 
-__all__ = ["MLP", "TinyTransformer", "mlp_batches", "lm_batches", "make_program", "make_spec", "eager_losses", "quiet", "raw_hello", "input_specs",
+def make_engine(model: nn.Module, batch: Any, precision: str, hp: dict[str, Any] | None = None,
+                scale: float | str = 1.0, *, optimizer: str = "sgd", **spec_kw: Any) -> Engine:
+    """An engine for ``model`` exported on ``batch`` (seed 0): ``optimizer`` with ``hp``, loss scale
+    ``scale`` (a number or ``"dynamic"``), other spec fields from ``spec_kw``."""
+    torch.manual_seed(0)
+    program, spec = make_program(model, batch, precision=precision,
+                                 optimizer=OptimizerSpec(type=optimizer, hyperparameters=dict(hp or {})),
+                                 loss_scaling=LossScalingSpec(factor=scale), **spec_kw)
+    return Engine(program, spec, notice=quiet)
+
+
+__all__ = ["MLP", "TinyTransformer", "mlp_batches", "lm_batches", "make_program", "make_spec", "eager_losses", "quiet", "make_engine", "raw_hello", "input_specs",
            "OptimizerSpec", "ProgramSpec", "LossScalingSpec", "adamw_no_bias_correction_per_tensor"]
 
 

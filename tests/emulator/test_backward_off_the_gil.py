@@ -27,23 +27,13 @@ from typing import Any
 import pytest
 import torch
 
-from csrun.compiler.spec import OptimizerSpec
 from csrun.emulator.engine import Engine
-from tests.emulator.helpers import MLP, make_program, mlp_batches, quiet
+from tests.emulator.helpers import MLP, make_engine, mlp_batches
 
 HOLD_S = 20.0
 """How long the test thread holds the GIL at most (a bound for the failing case only)."""
 ATTEMPTS = 20
 """Steps tried at most for one that was still running when the test thread took the GIL."""
-
-
-def _engine(precision: str, optimizer: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Engine, Any]:
-    monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
-    batch = mlp_batches(1)[0]
-    torch.manual_seed(0)
-    hp = {"momentum": 0.9} if optimizer == "sgd" else {}
-    program, spec = make_program(MLP(), batch, precision=precision, optimizer=OptimizerSpec(type=optimizer, hyperparameters=hp))
-    return Engine(program, spec, notice=quiet), batch
 
 
 def _hold_the_gil_during_a_step(engine: Engine, batch: Any) -> str:
@@ -86,7 +76,10 @@ def _hold_the_gil_during_a_step(engine: Engine, batch: Any) -> str:
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_the_backward_finishes_while_another_thread_holds_the_gil(precision: str, optimizer: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    engine, batch = _engine(precision, optimizer, monkeypatch)
+    monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
+    batch = mlp_batches(1)[0]
+    torch.manual_seed(0)
+    engine = make_engine(MLP(), batch, precision, {"momentum": 0.9} if optimizer == "sgd" else {}, optimizer=optimizer)
     engine.run_step(batch)  # the first step builds the traced forward
     outcomes = []
     while len(outcomes) < ATTEMPTS and (not outcomes or outcomes[-1] == "ended"):

@@ -10,10 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from csrun.compiler.spec import LossScalingSpec, OptimizerSpec
 from csrun.emulator.engine import Engine
 from csrun.emulator.lean_step import ScriptedUpdate, scripted_update
-from tests.emulator.helpers import MLP, make_program, mlp_batches, quiet
+from tests.emulator.helpers import MLP, make_engine, mlp_batches
 
 
 class Shared(nn.Module):
@@ -30,22 +29,13 @@ class Shared(nn.Module):
         return nn.functional.cross_entropy(self.l2(torch.relu(self.l1(x))), y) + penalty
 
 
-def _engine(model: nn.Module, batch: Any, precision: str, hp: dict[str, Any], scale: float | str = 1.0,
-            **spec_kw: Any) -> Engine:
-    torch.manual_seed(0)
-    program, spec = make_program(model, batch, precision=precision,
-                                 optimizer=OptimizerSpec(type="sgd", hyperparameters=dict(hp)),
-                                 loss_scaling=LossScalingSpec(factor=scale), **spec_kw)
-    return Engine(program, spec, notice=quiet)
-
-
 def _half_mlps(monkeypatch: pytest.MonkeyPatch, batches: int, engines: int) -> tuple[list[Any], list[Engine]]:
     """``batches`` batches and ``engines`` engines of one MLP: float16 by rounding, SGD with momentum."""
     monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
     data = mlp_batches(batches)
     torch.manual_seed(0)
     model = MLP()
-    return data, [_engine(model, data[0], "float16", {"momentum": 0.9}) for _ in range(engines)]
+    return data, [make_engine(model, data[0], "float16", {"momentum": 0.9}) for _ in range(engines)]
 
 
 def _counting(engine: Engine) -> list[bool]:
@@ -80,8 +70,8 @@ def test_scripted_update_equals_the_general_path_bit_for_bit(precision: str, hp:
     batches = mlp_batches(6)
     torch.manual_seed(0)
     model = MLP()
-    scripted = _engine(model, batches[0], precision, hp, scale)
-    general = _engine(model, batches[0], precision, hp, scale)
+    scripted = make_engine(model, batches[0], precision, hp, scale)
+    general = make_engine(model, batches[0], precision, hp, scale)
     general._scripted_update = None
     answers = _counting(scripted)
     for b in batches:
@@ -98,7 +88,7 @@ def test_weights_not_all_rounded_take_the_general_path(monkeypatch: pytest.Monke
     monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
     batches = mlp_batches(3)
     torch.manual_seed(0)
-    engine = _engine(Shared(), batches[0], "float16", {"momentum": 0.9})
+    engine = make_engine(Shared(), batches[0], "float16", {"momentum": 0.9})
     assert engine.half_weights is not None and len(engine.half_weights.masters) < len(engine.params)
     assert engine._scripted_update is None
     for b in batches:
@@ -132,7 +122,7 @@ def test_a_gradient_already_on_a_weight_steps_aside_and_changes_nothing(monkeypa
 
 def test_a_step_hook_takes_the_general_path_and_runs() -> None:
     batches = mlp_batches(2)
-    engine = _engine(MLP(), batches[0], "float32", {"momentum": 0.9})
+    engine = make_engine(MLP(), batches[0], "float32", {"momentum": 0.9})
     answers = _counting(engine)
     assert engine.optimizer is not None
     seen: list[int] = []
@@ -148,8 +138,8 @@ def test_a_step_hook_takes_the_general_path_and_runs() -> None:
 @pytest.mark.parametrize("spec_kw", [{"max_gradient_norm": 1.0}, {"max_gradient_value": 0.1}])
 def test_clipping_and_dynamic_scaling_do_not_use_it(spec_kw: dict[str, Any]) -> None:
     batches = mlp_batches(2)
-    for engine in (_engine(MLP(), batches[0], "float32", {"momentum": 0.9}, **spec_kw),
-                   _engine(MLP(), batches[0], "float32", {"momentum": 0.9}, scale="dynamic")):
+    for engine in (make_engine(MLP(), batches[0], "float32", {"momentum": 0.9}, **spec_kw),
+                   make_engine(MLP(), batches[0], "float32", {"momentum": 0.9}, scale="dynamic")):
         answers = _counting(engine)
         for b in batches:
             engine.run_step(b)
