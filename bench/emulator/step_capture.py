@@ -61,7 +61,9 @@ class LossOnly(Logits):
         return nn.functional.cross_entropy(self.net(x), y)
 
 
-LOOPS = ("model(batch)", "general", "loss only")
+MODELS: dict[str, type[Logits]] = {"model(batch)": WithLoss, "general": Logits, "loss only": LossOnly}
+"""Each loop's model."""
+LOOPS = tuple(MODELS)
 
 
 def one_round(steps: int, batch_size: int, loop: str) -> float:
@@ -71,7 +73,7 @@ def one_round(steps: int, batch_size: int, loop: str) -> float:
     cbtorch.initialize("embedded", settings=CompileSettings(mixed_precision=False),
                        model_dir="/tmp/csrun-bench-step-capture")
     torch.manual_seed(0)
-    model = cbtorch.module(Logits() if general else WithLoss() if loop == "model(batch)" else LossOnly())
+    model = cbtorch.module(MODELS[loop]())
     opt = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(batch_size * 16, 784, generator=g), torch.randint(0, 10, (batch_size * 16,), generator=g)
