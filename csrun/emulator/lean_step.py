@@ -39,6 +39,7 @@ import torch
 from torch.optim import optimizer as torch_optimizer
 
 from csrun.emulator.half_emulation import HalfWeights
+from csrun.emulator.torchscript import unoptimized
 
 
 def _sgd_update(grads: list[torch.Tensor], params: list[torch.Tensor], buffers: list[torch.Tensor],
@@ -118,7 +119,7 @@ def _buffers(optimizer: torch.optim.Optimizer, group: dict[str, Any],
 
 def _run(group: dict[str, Any], grads: list[torch.Tensor], params: list[torch.Tensor], buffers: list[torch.Tensor],
          low: list[torch.Tensor], wide: list[torch.Tensor], inv_scale: float) -> None:
-    with torch.no_grad():
+    with torch.no_grad(), unoptimized():  # csrun.emulator.torchscript: no optimization pass at its second call
         sgd_update()(grads, params, buffers, low, wide, inv_scale, float(group["weight_decay"]),
                    float(group["momentum"]), float(group["lr"]), float(group["dampening"]), bool(group["nesterov"]))
 

@@ -10,9 +10,9 @@ one call: the engine thread needs the GIL only to start the forward, for the bac
 wrapper and the optimizer.
 
 The trace is of the same aten ops in the same order, run by TorchScript's interpreter with its
-optimizations off (no fusion, no symbolic autodiff: autograd records the same ops as eager), so
-the numbers are the graph's bit for bit. :meth:`TracedForward.build` checks that on the first
-batch before it is used: the graph (the run that the trace records) and the trace run on copies
+optimizations off (:mod:`csrun.emulator.torchscript`: no fusion, no symbolic autodiff; autograd
+records the same ops as eager), so the numbers are the graph's bit for bit.
+:meth:`TracedForward.build` checks that on the first batch before it is used: the graph (the run that the trace records) and the trace run on copies
 of the state from the same random state, and their outputs and their gradients must be equal
 bit for bit (so the first step runs its forward and its backward three times each); any difference,
 or anything the trace cannot express (a non-tensor input or output, a failed trace), keeps the
@@ -38,6 +38,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils import _pytree as pytree
 
+from csrun.emulator.torchscript import unoptimized
+
 log = logging.getLogger("csrun.emulator")
 
 ENV = "CSRUN_ENGINE_TRACE"
@@ -51,17 +53,6 @@ def trace_mode() -> str:
         log.warning("%s=%r is not one of %s; using auto", ENV, os.environ[ENV], ", ".join(MODES))
         return "auto"
     return value
-
-
-@contextlib.contextmanager
-def _unoptimized() -> Iterator[None]:
-    """TorchScript's executor without its optimization passes (thread-local; restored after)."""
-    before = torch._C._get_graph_executor_optimize()
-    torch._C._set_graph_executor_optimize(False)
-    try:
-        yield
-    finally:
-        torch._C._set_graph_executor_optimize(before)
 
 
 def _state_slots(module: torch.fx.GraphModule) -> list[tuple[torch.nn.Module, str, str]]:
@@ -137,7 +128,7 @@ class TracedForward:
     def __call__(self, batch: Any) -> Any:
         """The graph's outputs for ``batch`` (the engine's device tensors), reading the module's current state."""
         leaves = pytree.tree_leaves(batch)
-        with _unoptimized():
+        with unoptimized():
             out = self._fn(*leaves, *[_read(s) for s in self._slots])
         return pytree.tree_unflatten(list(out), self._out_spec)
 
@@ -174,7 +165,7 @@ class TracedForward:
         rng = torch.random.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         try:
-            with warnings.catch_warnings(), _unoptimized():
+            with warnings.catch_warnings(), unoptimized():
                 warnings.simplefilter("ignore")
                 graph_args = [_copy(x) for x in inputs]
                 fn = torch.jit.trace(flat_forward, tuple(graph_args), check_trace=False)  # runs the graph once
