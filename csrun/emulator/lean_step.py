@@ -42,24 +42,35 @@ from csrun.emulator.half_emulation import HalfWeights
 from csrun.emulator.torchscript import unoptimized
 
 
+def _scale_(tensors: list[torch.Tensor], factor: float, float32: bool) -> None:
+    """``tensors *= factor``. When every tensor is float32 (``float32``) the factor goes in as a
+    float32 0-dim tensor: the same products bit for bit (the scalar is rounded to float32 either
+    way), but a Python scalar is wrapped into a tensor once per tensor on a CPU (~1 µs each: 30 µs
+    of fc_mnist's 22 momentum buffers against 9 µs)."""
+    if float32:
+        torch._foreach_mul_(tensors, torch.full([], factor, dtype=torch.float32))
+    else:
+        torch._foreach_mul_(tensors, factor)
+
+
 def _sgd_update(grads: list[torch.Tensor], params: list[torch.Tensor], buffers: list[torch.Tensor],
-               low: list[torch.Tensor], wide: list[torch.Tensor], inv_scale: float, weight_decay: float,
-               momentum: float, lr: float, dampening: float, nesterov: bool) -> None:
+                low: list[torch.Tensor], wide: list[torch.Tensor], inv_scale: float, weight_decay: float,
+                momentum: float, lr: float, dampening: float, nesterov: bool, float32: bool) -> None:
     """One SGD update of ``params`` (in place, under ``no_grad``): torch's ``_multi_tensor_sgd``'s
     foreach operations in its order. ``low``/``wide`` (empty, or one per gradient): round each
     gradient to ``low``'s 16-bit format first and use its float32 copy in ``wide``; ``inv_scale``
     != 1: unscale the gradients in place first; ``buffers``: the momentum buffers (empty without
-    momentum)."""
+    momentum); ``float32``: every gradient, weight and buffer is float32 (see :func:`_scale_`)."""
     if len(low) > 0:
         torch._foreach_copy_(low, grads)
         torch._foreach_copy_(wide, low)
         grads = wide
     if inv_scale != 1.0:
-        torch._foreach_mul_(grads, inv_scale)
+        _scale_(grads, inv_scale, float32)
     if weight_decay != 0.0:
         grads = list(torch._foreach_add(grads, params, alpha=weight_decay))
     if momentum != 0.0:
-        torch._foreach_mul_(buffers, momentum)
+        _scale_(buffers, momentum, float32)
         torch._foreach_add_(buffers, grads, alpha=1 - dampening)
         if nesterov:
             torch._foreach_add_(grads, buffers, alpha=momentum)
@@ -117,11 +128,16 @@ def _buffers(optimizer: torch.optim.Optimizer, group: dict[str, Any],
     return buffers
 
 
+def _all_float32(*lists: Sequence[torch.Tensor]) -> bool:
+    return all(t.dtype is torch.float32 for tensors in lists for t in tensors)
+
+
 def _run(group: dict[str, Any], grads: list[torch.Tensor], params: list[torch.Tensor], buffers: list[torch.Tensor],
-         low: list[torch.Tensor], wide: list[torch.Tensor], inv_scale: float) -> None:
+         low: list[torch.Tensor], wide: list[torch.Tensor], inv_scale: float, float32: bool) -> None:
     with torch.no_grad(), unoptimized():  # csrun.emulator.torchscript: no optimization pass at its second call
         sgd_update()(grads, params, buffers, low, wide, inv_scale, float(group["weight_decay"]),
-                   float(group["momentum"]), float(group["lr"]), float(group["dampening"]), bool(group["nesterov"]))
+                     float(group["momentum"]), float(group["lr"]), float(group["dampening"]), bool(group["nesterov"]),
+                     float32)
 
 
 def _sgd_step(optimizer: torch.optim.Optimizer) -> bool:
@@ -141,7 +157,7 @@ def _sgd_step(optimizer: torch.optim.Optimizer) -> bool:
         plans.append((group, params, grads, buffers))  # type: ignore[arg-type]  # grads: p.grad is not None
     for group, params, grads, buffers in plans:
         if params:
-            _run(group, grads, params, buffers, [], [], 1.0)
+            _run(group, grads, params, buffers, [], [], 1.0, _all_float32(grads, params, buffers))
     return True
 
 
@@ -154,6 +170,10 @@ class ScriptedUpdate:
         self.params = list(params)
         self.half = half
         self._wide = [torch.empty_like(p) for p in params] if half is not None else []
+        self._float32 = _all_float32(self.params)
+        """The weights are float32, so are their momentum buffers (made like them, and torch's
+        ``load_state_dict`` casts loaded ones to them), their gradients (autograd's rule) and,
+        with ``half``, the float32 leaves' gradients and ``_wide``."""
 
     def __call__(self, inv_scale: float) -> bool:
         """Update the weights from the backward's gradients (unscaled by ``inv_scale``) and clear
@@ -173,7 +193,7 @@ class ScriptedUpdate:
         if buffers is None:
             return False
         low = half.low_buffers() if half is not None else []
-        _run(group, grads, params, buffers, low, self._wide, inv_scale)  # type: ignore[arg-type]  # no None left
+        _run(group, grads, params, buffers, low, self._wide, inv_scale, self._float32)  # type: ignore[arg-type]  # no None left
         for t in holders:
             t.grad = None
         return True

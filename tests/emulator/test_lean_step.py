@@ -13,20 +13,21 @@ from csrun.emulator.lean_step import lean_step
 from csrun.emulator.optimizers import build_optimizer, preinitialize_state
 
 
-def _model() -> torch.nn.Module:
+def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4), torch.nn.Linear(4, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4), torch.nn.Linear(4, 3))
+    return model.to(dtype)
 
 
 def _grads(model: torch.nn.Module, step: int, *, skip_last: bool = False) -> None:
     g = torch.Generator().manual_seed(100 + step)
     for i, p in enumerate(model.parameters()):
-        p.grad = None if skip_last and i >= 4 else torch.randn(p.shape, generator=g) * 1e-2
+        p.grad = None if skip_last and i >= 4 else (torch.randn(p.shape, generator=g) * 1e-2).to(p.dtype)
 
 
 def _train(make_opt: Callable[[list[tuple[str, Any]]], torch.optim.Optimizer], lean: bool, steps: int = 5,
-           *, skip_last: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    model = _model()
+           *, skip_last: bool = False, dtype: torch.dtype = torch.float32) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    model = _model(dtype)
     opt = make_opt(list(model.named_parameters()))
     preinitialize_state(opt)
     run = lean_step(opt) if lean else None
@@ -55,6 +56,21 @@ def test_lean_sgd_equals_optimizer_step_bit_for_bit(hp: dict[str, Any], skip_las
     lean_params, lean_state = _train(make, lean=True, skip_last=skip_last)
     assert all(torch.equal(a, b) for a, b in zip(eager_params, lean_params))
     assert len(eager_state) == len(lean_state)
+    assert all(torch.equal(a, b) for a, b in zip(eager_state, lean_state))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("hp", [{"momentum": 0.9}, {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01}])
+def test_lean_sgd_on_weights_not_float32_equals_optimizer_step_bit_for_bit(dtype: torch.dtype, hp: dict[str, Any]) -> None:
+    """The momentum goes in as a Python scalar here (a float32 0-dim tensor would round it to the
+    weights' format first for 16-bit ones)."""
+    def make(named: list[tuple[str, Any]]) -> torch.optim.Optimizer:
+        return build_optimizer("sgd", dict(hp), named, lr=0.1)
+
+    eager_params, eager_state = _train(make, lean=False, dtype=dtype)
+    lean_params, lean_state = _train(make, lean=True, dtype=dtype)
+    assert all(p.dtype == dtype for p in lean_params)
+    assert all(torch.equal(a, b) for a, b in zip(eager_params, lean_params))
     assert all(torch.equal(a, b) for a, b in zip(eager_state, lean_state))
 
 
