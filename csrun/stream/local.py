@@ -1,16 +1,17 @@
 """The lone chief's stream: the local loader, with the same checks and dtypes as a real stream.
 
 With no streamers the chief iterates its own :class:`~csrun.stream.source.BatchSource`.
-Every batch still goes through the schema (static shapes and dtypes, int64 -> int32 ->
-int64 with the overflow check), so a CPU validation run refuses exactly what a streamed run
-would, and the model sees the same dtypes. Nothing is prefetched and MPI is never loaded.
+Every batch still goes through the schema (static shapes and dtypes, int64 values that must
+fit the wire's int32: :meth:`~csrun.stream.schema.Schema.as_streamed`, what the chief would
+decode from a streamer, without the bytes in between), so a CPU validation run refuses exactly
+what a streamed run would, and the model sees the same dtypes. Nothing is prefetched and MPI is
+never loaded.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-import torch
 
 from csrun.stream.errors import BatchError
 from csrun.stream.schema import Schema
@@ -46,8 +47,7 @@ class LocalStream:
         self._epoch_batches += 1
         if self.schema is None:
             self.schema = Schema.infer(item)
-        wire = [torch.from_numpy(b) for b in self.schema.encode(item)]
-        return self.schema.decode(wire)
+        return self.schema.as_streamed(item)
 
     def stop(self) -> list:
         """Nothing to stop; no streamer statistics."""

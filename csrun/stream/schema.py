@@ -180,6 +180,20 @@ class Schema:
             buffers.append(_bytes_view(tensor))
         return buffers
 
+    def as_streamed(self, batch: Any) -> Any:
+        """``decode(encode(batch))`` without the byte round trip (the lone chief's stream): the same
+        checks (structure, static shapes and dtypes, int64 values that fit int32), the same values
+        and dtypes, each leaf contiguous and sharing the batch's memory where the wire form would.
+        An int64 leaf comes back as itself, since int64 -> int32 -> int64 of checked values is the
+        identity (the round trip took two conversions and a copy per leaf: ~45 µs of an 8-sample
+        batch of 784 floats and labels)."""
+        out = []
+        for leaf, tensor in zip(self.leaves, self.flatten(batch)):
+            if leaf.wire_dtype != leaf.dtype:
+                _check_narrow(tensor, leaf)
+            out.append(tensor.detach().contiguous())
+        return self.unflatten(out)
+
     def alloc(self) -> list[torch.Tensor]:
         """Fresh receive buffers: one flat ``uint8`` tensor per leaf, sized for the wire.
 
@@ -272,6 +286,12 @@ def _check_tensor(t: torch.Tensor, path: str) -> None:
 
 
 def _narrow(t: torch.Tensor, leaf: Leaf) -> torch.Tensor:
+    _check_narrow(t, leaf)
+    return t.to(_torch_dtype(leaf.wire_dtype))
+
+
+def _check_narrow(t: torch.Tensor, leaf: Leaf) -> None:
+    """:class:`BatchError` unless every value of the int64 ``t`` fits the wire's int32."""
     if t.numel():
         lo, hi = int(t.min()), int(t.max())
         if lo < _INT32_MIN or hi > _INT32_MAX:
@@ -280,7 +300,6 @@ def _narrow(t: torch.Tensor, leaf: Leaf) -> torch.Tensor:
                 f"int64 tensor at {_show(leaf.path)} holds {bad}, which does not fit int32: integer "
                 f"inputs stream as int32 (range {_INT32_MIN}..{_INT32_MAX}); remap the values or "
                 "use a float dtype")
-    return t.to(_torch_dtype(leaf.wire_dtype))
 
 
 def _bytes_view(t: torch.Tensor) -> np.ndarray:

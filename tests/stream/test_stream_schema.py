@@ -49,22 +49,39 @@ def test_int64_travels_as_int32_and_comes_back_int64():
     assert out[0].dtype == torch.int64 and out[0].tolist() == [[-(2**31), 2**31 - 1]]
 
 
+def test_as_streamed_gives_what_the_wire_gives_without_it():
+    """The lone chief's batches (Schema.as_streamed): the values, dtypes, shapes and structure that
+    decode(encode(batch)) gives, contiguous, sharing the batch's memory where the wire form would."""
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    batch = {**_nested(), "strided": base.t()[:, :2]}  # a non-contiguous leaf
+    schema = Schema.infer(batch)
+    out, wire = schema.as_streamed(batch), _roundtrip(schema, batch)
+    assert isinstance(out, dict) and isinstance(out["pair"], tuple) and isinstance(out["pair"][1], list)
+    for got, want in zip(schema.flatten(out), schema.flatten(wire)):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+        assert got.is_contiguous()
+    assert out["pair"][0].data_ptr() == batch["pair"][0].data_ptr()
+
+
+@pytest.mark.parametrize("through", ["encode", "as_streamed"])
 @pytest.mark.parametrize("bad", [2**31, -(2**31) - 1, 3_000_000_000])
-def test_lossy_int64_is_refused_naming_the_value(bad):
+def test_lossy_int64_is_refused_naming_the_value(bad, through):
     batch = {"labels": torch.tensor([1, bad])}
     schema = Schema.infer(batch)
     with pytest.raises(BatchError, match=rf"int64 tensor at \['labels'\] holds {bad}, which does not fit int32"):
-        schema.encode(batch)
+        getattr(schema, through)(batch)
 
 
-def test_batches_must_match_the_first_one():
+@pytest.mark.parametrize("through", ["encode", "as_streamed"])
+def test_batches_must_match_the_first_one(through):
     schema = Schema.infer((torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)))
+    send = getattr(schema, through)
     with pytest.raises(BatchError, match=r"at \[0\] is float32\[1, 3\], the first batch had float32\[2, 3\]"):
-        schema.encode((torch.zeros(1, 3), torch.zeros(2, dtype=torch.int64)))
+        send((torch.zeros(1, 3), torch.zeros(2, dtype=torch.int64)))
     with pytest.raises(BatchError, match=r"at \[1\] is int32\[2\], the first batch had int64\[2\]"):
-        schema.encode((torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32)))
+        send((torch.zeros(2, 3), torch.zeros(2, dtype=torch.int32)))
     with pytest.raises(BatchError, match="tuple of 2"):
-        schema.encode([torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)])
+        send([torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)])
 
 
 @pytest.mark.parametrize("batch, message", [
