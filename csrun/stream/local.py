@@ -2,10 +2,13 @@
 
 With no streamers the chief iterates its own :class:`~csrun.stream.source.BatchSource`.
 Every batch still goes through the schema (static shapes and dtypes, int64 values that must
-fit the wire's int32: :meth:`~csrun.stream.schema.Schema.as_streamed`, what the chief would
-decode from a streamer, without the bytes in between), so a CPU validation run refuses exactly
-what a streamed run would, and the model sees the same dtypes. Nothing is prefetched and MPI is
-never loaded.
+fit the wire's int32: :meth:`~csrun.stream.schema.Schema.copy_into`, what the chief would decode
+from a streamer, without the bytes in between), so a CPU validation run refuses exactly what a
+streamed run would, and the model sees the same dtypes. Each batch is copied into buffers this
+stream owns (:mod:`csrun.stream.buffers`), as the wire would put it into the chief's receive
+buffers: the device runs a step while the loop fetches the next batch, and a loader that refills
+its tensors in place must not reach the step's inputs (nor a closure's arguments, which run after
+that fetch). Nothing is prefetched and MPI is never loaded.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 
+from csrun.stream.buffers import BufferPool
 from csrun.stream.errors import BatchError
 from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END, BatchSource
@@ -26,6 +30,7 @@ class LocalStream:
         self._skip = skip
         self._items: Iterator[Any] | None = None
         self.schema: Schema | None = None
+        self._pool: BufferPool | None = None
         self._epoch_batches = 0
 
     def start(self) -> None:
@@ -45,9 +50,14 @@ class LocalStream:
             self._epoch_batches = 0
             return EPOCH_END
         self._epoch_batches += 1
-        if self.schema is None:
-            self.schema = Schema.infer(item)
-        return self.schema.as_streamed(item)
+        schema, pool = self.schema, self._pool
+        if schema is None or pool is None:
+            schema = self.schema = Schema.infer(item)
+            pool = self._pool = BufferPool(schema.local_buffers)
+        bufs = pool.take()
+        batch = schema.copy_into(item, bufs.tensors)
+        pool.lend(bufs)
+        return batch
 
     def stop(self) -> list:
         """Nothing to stop; no streamer statistics."""

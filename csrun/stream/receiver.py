@@ -20,8 +20,8 @@
 
 A batch handed out shares memory with its receive buffer (no copy, except int64 leaves,
 which are widened from int32). A buffer is reused for a later receive only once the batch
-handed out from it is no longer referenced anywhere (checked with the storage use count);
-otherwise a fresh buffer is allocated and the old one is left to its user.
+handed out from it is no longer referenced anywhere (:mod:`csrun.stream.buffers`: checked with
+the storage use count); otherwise a fresh buffer is allocated and the old one is left to its user.
 
 Every wait has a deadline (``CSRUN_STREAM_TIMEOUT``, see :mod:`csrun.stream.wire`); an
 ERROR from any streamer, a deadline passed, or an MPI failure raises
@@ -37,57 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
+from csrun.stream.buffers import LENT_TRACKED, BufferPool, BufferSet
 from csrun.stream.errors import StreamError
 from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END
 from csrun.stream.stats import StreamerStats
 from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, empty_header, wait_for,
                                header, mpi, stream_timeout)
-
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-LENT_TRACKED = 16
-"""Buffer sets lent to the user that the pool keeps checking for reuse (the oldest dropped past it)."""
-
-
-def _uses(t: torch.Tensor) -> int:
-    return int(_use_count(t.untyped_storage()._cdata)) if _use_count else -1
-
-
-class _BufferSet:
-    """Receive buffers for one batch (one flat uint8 tensor per leaf) and their MPI views."""
-
-    def __init__(self, schema: Schema) -> None:
-        self.tensors = schema.alloc()
-        self.arrays = [t.numpy() for t in self.tensors]
-        self.baseline = [_uses(t) for t in self.tensors]
-
-    def free(self) -> bool:
-        """True when nothing outside this set references its memory any more."""
-        return _use_count is not None and [_uses(t) for t in self.tensors] == self.baseline
-
-
-class _Pool:
-    """Buffer sets lent to the user, reclaimed once the user drops the batch."""
-
-    def __init__(self, schema: Schema, track: int = 4) -> None:
-        self._schema, self._track = schema, track
-        self._lent: deque[_BufferSet] = deque()
-
-    def take(self) -> _BufferSet:
-        for i, bufs in enumerate(self._lent):
-            if bufs.free():
-                del self._lent[i]
-                return bufs
-        return _BufferSet(self._schema)
-
-    def lend(self, bufs: _BufferSet) -> None:
-        self._lent.append(bufs)
-        while len(self._lent) > self._track:
-            self._lent.popleft()  # the user keeps it; we stop tracking it
-
 
 @dataclass
 class _Peer:
@@ -125,7 +82,7 @@ class Receiver:
         self.timeout = stream_timeout() if timeout is None else timeout
         """Seconds any one wait may last (``CSRUN_STREAM_TIMEOUT`` unless given)."""
         self.schema: Schema | None = None
-        self._pool: _Pool | None = None
+        self._pool: BufferPool | None = None
         n = len(self._peers)
         self._cursor = skip % n if n else 0
         self._ended: set[int] = set()
@@ -159,11 +116,11 @@ class Receiver:
         self._mark_ended_by_skip(hellos[first.rank].get("batches_per_epoch"))
         # the batches handed out and still alive: the loop's, the device queue's and the one the
         # device runs, a few per streamer; a set no longer tracked is never reused
-        self._pool = _Pool(self.schema, track=max(LENT_TRACKED, len(self._peers)))
+        self._pool = BufferPool(self.schema.alloc, track=max(LENT_TRACKED, len(self._peers)))
         for peer in self._peers:
             peer.slots = [None] * self._prefetch
             for seq in range(self._prefetch):
-                self._post_slot(peer, seq, _BufferSet(self.schema))
+                self._post_slot(peer, seq, BufferSet(self.schema.alloc()))
             self._grant(peer, self._prefetch)
 
     def _mark_ended_by_skip(self, per_epoch: Any) -> None:
@@ -184,8 +141,8 @@ class Receiver:
     def _post_ctrl(self, peer: _Peer) -> None:
         peer.ctrl_req = self._comm.Irecv([peer.ctrl_buf, self._MPI.INT64_T], source=peer.rank, tag=TAG_CTRL)
 
-    def _post_slot(self, peer: _Peer, seq: int, bufs: _BufferSet) -> None:
-        reqs = [self._comm.Irecv([a, self._MPI.BYTE], source=peer.rank, tag=TAG_DATA) for a in bufs.arrays]
+    def _post_slot(self, peer: _Peer, seq: int, bufs: BufferSet) -> None:
+        reqs = [self._comm.Irecv([t.numpy(), self._MPI.BYTE], source=peer.rank, tag=TAG_DATA) for t in bufs.tensors]
         peer.slots[seq % self._prefetch] = (bufs, reqs, seq)
 
     def _grant(self, peer: _Peer, upto: int) -> None:

@@ -49,33 +49,39 @@ def test_int64_travels_as_int32_and_comes_back_int64():
     assert out[0].dtype == torch.int64 and out[0].tolist() == [[-(2**31), 2**31 - 1]]
 
 
-def test_as_streamed_gives_what_the_wire_gives_without_it():
-    """The lone chief's batches (Schema.as_streamed): the values, dtypes, shapes and structure that
-    decode(encode(batch)) gives, contiguous, sharing the batch's memory where the wire form would."""
+def test_copy_into_gives_what_the_wire_gives_in_buffers_it_owns():
+    """The lone chief's batches (Schema.copy_into): the values, dtypes, shapes and structure that
+    decode(encode(batch)) gives, contiguous, in the given buffers and not in the batch's memory."""
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     batch = {**_nested(), "strided": base.t()[:, :2]}  # a non-contiguous leaf
     schema = Schema.infer(batch)
-    out, wire = schema.as_streamed(batch), _roundtrip(schema, batch)
+    buffers = schema.local_buffers()
+    out, wire = schema.copy_into(batch, buffers), _roundtrip(schema, batch)
     assert isinstance(out, dict) and isinstance(out["pair"], tuple) and isinstance(out["pair"][1], list)
-    for got, want in zip(schema.flatten(out), schema.flatten(wire)):
+    for got, want, buf, given in zip(schema.flatten(out), schema.flatten(wire), buffers, schema.flatten(batch)):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
-        assert got.is_contiguous()
-    assert out["pair"][0].data_ptr() == batch["pair"][0].data_ptr()
+        assert got.is_contiguous() and got.data_ptr() == buf.data_ptr() != given.data_ptr()
+    batch["pair"][0].fill_(7.0)  # the loader refills its tensor in place: the copy keeps its values
+    assert torch.equal(out["pair"][0], torch.ones(2, 4))
 
 
-@pytest.mark.parametrize("through", ["encode", "as_streamed"])
+def _through(schema: Schema, how: str):
+    return schema.encode if how == "encode" else lambda b: schema.copy_into(b, schema.local_buffers())
+
+
+@pytest.mark.parametrize("through", ["encode", "copy_into"])
 @pytest.mark.parametrize("bad", [2**31, -(2**31) - 1, 3_000_000_000])
 def test_lossy_int64_is_refused_naming_the_value(bad, through):
     batch = {"labels": torch.tensor([1, bad])}
     schema = Schema.infer(batch)
     with pytest.raises(BatchError, match=rf"int64 tensor at \['labels'\] holds {bad}, which does not fit int32"):
-        getattr(schema, through)(batch)
+        _through(schema, through)(batch)
 
 
-@pytest.mark.parametrize("through", ["encode", "as_streamed"])
+@pytest.mark.parametrize("through", ["encode", "copy_into"])
 def test_batches_must_match_the_first_one(through):
     schema = Schema.infer((torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)))
-    send = getattr(schema, through)
+    send = _through(schema, through)
     with pytest.raises(BatchError, match=r"at \[0\] is float32\[1, 3\], the first batch had float32\[2, 3\]"):
         send((torch.zeros(1, 3), torch.zeros(2, dtype=torch.int64)))
     with pytest.raises(BatchError, match=r"at \[1\] is int32\[2\], the first batch had int64\[2\]"):
@@ -128,10 +134,10 @@ def test_pack_unpack_without_pickle():
 def test_the_receive_pool_reuses_a_buffer_set_once_its_batch_is_gone():
     """More batches alive at once than the old 4 tracked sets (the loop's, the device queue's, the
     one it runs): once the oldest is dropped, its buffers are lent again, not reallocated."""
-    from csrun.stream.receiver import LENT_TRACKED, _Pool
+    from csrun.stream.buffers import LENT_TRACKED, BufferPool
 
     schema = Schema.infer((torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64)))
-    pool = _Pool(schema, track=LENT_TRACKED)
+    pool = BufferPool(schema.alloc, track=LENT_TRACKED)
     alive = []
     for _ in range(8):
         bufs = pool.take()
