@@ -13,6 +13,14 @@
    after each epoch send an EPOCH_END header carrying the sequence number where it fell;
 4. on STOP: finish the sends in flight, send STOPPED with this streamer's statistics.
 
+A batch's float (and other non-int64) leaves are sent from the loader's own memory (no copy; an
+int64 leaf is sent from its int32 conversion), and a send may still be in flight while the
+next batch loads: an input pipeline must hand over new tensors for each batch, not refill the
+ones it yielded before (torch's ``default_collate`` does). Unlike the lone chief, which copies
+each batch into buffers of its own (:mod:`csrun.stream.local`), a streamer does not copy: on
+one node MPI's transfer runs at 8-12 GB/s here, and a copy would cost large batches about half
+of it (``bench/stream/run.py`` part a).
+
 An exception in the input pipeline (or a batch that cannot be streamed) is printed here with
 its traceback, sent to the chief as ERROR (rank, node, the exception's last line), and then
 the streamer waits ``CSRUN_STREAM_ERROR_GRACE`` seconds for the chief to end the job before
