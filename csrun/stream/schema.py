@@ -199,6 +199,14 @@ class Schema:
             out.append(buf.view(leaf.shape))  # a view: the pool sees the batch alive through it
         return self.unflatten(out)
 
+    def sent_in_place(self, batch: Any) -> list[tuple[str, torch.Tensor, int]]:
+        """``(path, tensor, version)`` of each leaf :meth:`encode` sends from the batch's own memory
+        (contiguous, not narrowed), with its in-place version counter now: a sender in flight reads
+        that memory until its send completes (the batch was checked by ``encode`` already). Views
+        are left out: their counter is their base's, which moves with writes anywhere in it."""
+        return [(leaf.path, t, t._version) for leaf, t in zip(self.leaves, self.flatten(batch))
+                if leaf.wire_dtype == leaf.dtype and t.is_contiguous() and t._base is None]
+
     def alloc(self) -> list[torch.Tensor]:
         """Fresh receive buffers: one flat ``uint8`` tensor per leaf, sized for the wire.
 

@@ -16,10 +16,17 @@
 A batch's float (and other non-int64) leaves are sent from the loader's own memory (no copy; an
 int64 leaf is sent from its int32 conversion), and a send may still be in flight while the
 next batch loads: an input pipeline must hand over new tensors for each batch, not refill the
-ones it yielded before (torch's ``default_collate`` does). Unlike the lone chief, which copies
-each batch into buffers of its own (:mod:`csrun.stream.local`), a streamer does not copy: on
-one node MPI's transfer runs at 8-12 GB/s here, and a copy would cost large batches about half
-of it (``bench/stream/run.py`` part a).
+ones it yielded before (torch's ``default_collate`` does). One that refills them with torch's
+in-place operations (``torch.stack(..., out=x)``, ``x.copy_(...)``) ends the job at its next
+batch with a :class:`~csrun.stream.errors.BatchError` naming the leaf (each tensor's version
+counter is compared with its value when the batch was sent) instead of training on batches that
+may mix two (the chief may have run one step on such a batch by then);
+writes through a numpy view of a tensor do not move that counter and are not seen, nor are
+writes into a leaf that is a view of a larger tensor (its counter moves with any write to that
+tensor, most of them harmless). Unlike the
+lone chief, which copies each batch into buffers of its own (:mod:`csrun.stream.local`), a
+streamer does not copy: on one node MPI's transfer runs at 8-12 GB/s here, and a copy would
+cost large batches about half of it (``bench/stream/run.py`` part a).
 
 An exception in the input pipeline (or a batch that cannot be streamed) is printed here with
 its traceback, sent to the chief as ERROR (rank, node, the exception's last line), and then
@@ -110,7 +117,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
     MPI = mpi()
     items = source.stream(skip)
     schema: Schema | None = None
-    inflight: deque[tuple[list[Any], list[Any]]] = deque()  # (requests, buffers they read)
+    inflight: deque[tuple[list[Any], list[Any], list[Any]]] = deque()  # (requests, buffers they read, watched)
     epoch = 0
     t_start = time.monotonic()
     backoff, moving = Backoff.streamer(), Backoff.sending()
@@ -121,6 +128,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
         t0 = time.monotonic()
         item = next(items)
         stats.pipeline_s += time.monotonic() - t0
+        _check_untouched(inflight)
         if item is EPOCH_END:
             if schema is None:
                 raise BatchError(f"the shard of streamer rank {comm.Get_rank()} yielded no batch in "
@@ -135,6 +143,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
             _send_json(comm, chief, Kind.HELLO, -1 if source.batches_per_epoch() is None
                        else int(source.batches_per_epoch() or 0), hello)
         buffers = schema.encode(item)
+        watched = schema.sent_in_place(item)
         credit.poll()
         if stats.batches >= credit.upto and not credit.stopped:
             t0, c0 = time.monotonic(), time.process_time()
@@ -153,13 +162,26 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
             oldest = inflight.popleft()[0]
             wait_for(lambda: MPI.Request.Testall(oldest), Backoff.transfer())
         # the buffers must live until their sends complete: they stay in ``inflight``
-        inflight.append(([comm.Isend([b, MPI.BYTE], dest=chief, tag=TAG_DATA) for b in buffers], buffers))
+        inflight.append(([comm.Isend([b, MPI.BYTE], dest=chief, tag=TAG_DATA) for b in buffers], buffers, watched))
         stats.batches += 1
         stats.bytes += schema.nbytes
     while inflight:
         oldest = inflight.popleft()[0]
         wait_for(lambda: MPI.Request.Testall(oldest), Backoff.transfer())
     stats.seconds = time.monotonic() - t_start
+
+
+def _check_untouched(inflight: deque) -> None:
+    """:class:`BatchError` if the input pipeline wrote (with a torch in-place op) into a tensor of a
+    batch whose send may still be in flight: the chief could receive a mix of two batches."""
+    for _, _, watched in inflight:
+        for path, tensor, version in watched:
+            if tensor._version != version:
+                raise BatchError(
+                    f"the input pipeline wrote into the tensor at {path or '<batch>'} of a batch it had already "
+                    "handed over (a collate_fn or dataset that refills the same tensors): a streamer sends each "
+                    "batch from its tensors while the next one loads; return new tensors for every batch "
+                    "(torch's default_collate does)")
 
 
 def _send_json(comm: Any, chief: int, kind: int, a: int, doc: dict[str, Any]) -> None:

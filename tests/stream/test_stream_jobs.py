@@ -154,3 +154,22 @@ def test_chief_without_a_session_releases_the_streamers(tmp_path):
     assert job.rc == 0, job.output
     assert job.seconds < 30
     assert "chief leaves without a session" in job.output
+
+
+@pytest.mark.timeout(60)
+def test_a_refilling_collate_is_copied_on_the_lone_chief(tmp_path):
+    """The lone chief copies each batch (as the wire would): refilled tensors cannot change it."""
+    job = run_job(tmp_path / "o", 1, "--n", "12", "--batch", "3", "--epochs", "2", "--refill")
+    assert job.rc == 0, job.output
+    assert job.records[0]["batches"] == expected_sequence(12, 3, 1, 8)
+
+
+@pytest.mark.timeout(60)
+def test_a_refilling_collate_on_a_streamer_ends_the_job_naming_the_leaf(tmp_path):
+    """A streamer sends from the loader's tensors while the next batch loads: one that refills them
+    in place is refused at its next batch, deterministically, not streamed as mixed batches."""
+    job = run_job(tmp_path / "o", 2, "--n", "12", "--batch", "3", "--refill")
+    assert job.rc != 0
+    assert job.seconds < 30
+    assert "wrote into the tensor at [1] of a batch it had already handed over" in job.output, job.output
+    assert "return new tensors for every batch" in job.output

@@ -146,3 +146,16 @@ def test_the_receive_pool_reuses_a_buffer_set_once_its_batch_is_gone():
     first = pool._lent[0]
     alive.pop(0)  # the oldest batch is dropped
     assert pool.take() is first
+
+
+def test_the_leaves_a_sender_sends_in_place_are_watched_for_writes():
+    """encode sends contiguous, not narrowed leaves from the batch's memory: those are watched (by
+    their version counters); an int64 leaf (sent from its int32 copy), a non-contiguous one (sent
+    from a contiguous copy) and a view (whose counter moves with its base) are not."""
+    base = torch.zeros(4, 6)
+    batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64), base.t()[:, :2], base[:2], torch.ones(2))
+    schema = Schema.infer(batch)
+    watched = schema.sent_in_place(batch)
+    assert [path for path, _, _ in watched] == ["[0]", "[4]"]
+    batch[0].add_(1)
+    assert [t._version != v for _, t, v in watched] == [True, False]

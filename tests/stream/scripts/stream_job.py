@@ -47,6 +47,18 @@ class Indexed(Dataset):
         return idx, vec
 
 
+def _refilling(a: argparse.Namespace):
+    """A collate_fn that writes every batch into the same two preallocated tensors."""
+    idx, vec = torch.empty(a.batch, dtype=torch.int64), torch.empty(a.batch, a.width)
+
+    def collate(samples):
+        torch.stack([s[0] for s in samples], out=idx)
+        torch.stack([s[1] for s in samples], out=vec)
+        return idx, vec
+
+    return collate
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out", type=Path)
@@ -69,6 +81,7 @@ def main() -> int:
     p.add_argument("--rss", action="store_true", help="sample the chief's VmRSS every step")
     p.add_argument("--chief-fail-at", type=int, default=-1, help="raise in the chief's body at this step")
     p.add_argument("--no-session", action="store_true", help="the chief never opens the Session")
+    p.add_argument("--refill", action="store_true", help="a collate_fn that refills the same two tensors")
     a = p.parse_args()
 
     cbtorch.initialize()
@@ -77,7 +90,7 @@ def main() -> int:
     generator = torch.Generator().manual_seed(1234) if a.shuffle else None
     loader = cbtorch.dataloader(
         DataLoader(Indexed(a), batch_size=a.batch, drop_last=True, shuffle=a.shuffle,
-                   generator=generator, num_workers=a.workers),
+                   generator=generator, num_workers=a.workers, collate_fn=_refilling(a) if a.refill else None),
         prefetch=a.prefetch)
     if a.skip:
         loader.skip(a.skip)
