@@ -8,17 +8,21 @@ streamed run would, and the model sees the same dtypes. Each batch is copied int
 stream owns (:mod:`csrun.stream.buffers`), as the wire would put it into the chief's receive
 buffers: the device runs a step while the loop fetches the next batch, and a loader that refills
 its tensors in place must not reach the step's inputs (nor a closure's arguments, which run after
-that fetch). Nothing is prefetched and MPI is never loaded.
+that fetch). A refill by torch's in-place operations is refused as a streamer refuses it
+(:func:`~csrun.stream.schema.check_untouched`); the copy covers the writes no version counter
+sees (through a numpy view). Nothing is prefetched and MPI is never loaded.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterator
 
+import torch
+
 
 from csrun.stream.buffers import BufferPool
 from csrun.stream.errors import BatchError
-from csrun.stream.schema import Schema
+from csrun.stream.schema import Schema, check_untouched
 from csrun.stream.source import EPOCH_END, BatchSource
 
 
@@ -31,6 +35,8 @@ class LocalStream:
         self._items: Iterator[Any] | None = None
         self.schema: Schema | None = None
         self._pool: BufferPool | None = None
+        self._handed: list[tuple[str, torch.Tensor, int]] = []
+        """The last batch's leaves a streamer would send in place, and their versions (check_untouched)."""
         self._epoch_batches = 0
 
     def start(self) -> None:
@@ -43,6 +49,7 @@ class LocalStream:
             self.start()
         assert self._items is not None
         item = next(self._items)
+        check_untouched([self._handed])
         if item is EPOCH_END:
             if self._epoch_batches == 0:
                 raise BatchError("the input pipeline yielded no batch in an epoch: the dataset is "
@@ -57,6 +64,7 @@ class LocalStream:
         bufs = pool.take()
         batch = schema.copy_into(item, bufs.tensors)
         pool.lend(bufs)
+        self._handed = schema.sent_in_place(item)
         return batch
 
     def stop(self) -> list:

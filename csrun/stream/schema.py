@@ -298,6 +298,21 @@ def _check_tensor(t: torch.Tensor, path: str) -> None:
         raise BatchError(f"batch tensor at {_show(path)} has layout {t.layout}; only dense tensors stream")
 
 
+def check_untouched(handed: Sequence[Sequence[tuple[str, torch.Tensor, int]]]) -> None:
+    """:class:`BatchError` if the input pipeline wrote (with a torch in-place op) into a tensor of a
+    batch it had handed over (``handed``: :meth:`Schema.sent_in_place` of each such batch, taken when
+    it was handed over): a streamer may still be sending it, and a chief's streamed batch could mix
+    two. The lone chief refuses it too (it copies, but a CPU run refuses what a streamed run would)."""
+    for watched in handed:
+        for path, tensor, version in watched:
+            if tensor._version != version:
+                raise BatchError(
+                    f"the input pipeline wrote into the tensor at {_show(path)} of a batch it had already "
+                    "handed over (a collate_fn or dataset that refills the same tensors): csrun streams each "
+                    "batch from its tensors while the next one loads; return new tensors for every batch "
+                    "(torch's default_collate does)")
+
+
 def _narrow(t: torch.Tensor, leaf: Leaf) -> torch.Tensor:
     _check_narrow(t, leaf)
     return t.to(_torch_dtype(leaf.wire_dtype))

@@ -18,9 +18,10 @@ int64 leaf is sent from its int32 conversion), and a send may still be in flight
 next batch loads: an input pipeline must hand over new tensors for each batch, not refill the
 ones it yielded before (torch's ``default_collate`` does). One that refills them with torch's
 in-place operations (``torch.stack(..., out=x)``, ``x.copy_(...)``) ends the job at its next
-batch with a :class:`~csrun.stream.errors.BatchError` naming the leaf (each tensor's version
-counter is compared with its value when the batch was sent) instead of training on batches that
-may mix two (the chief may have run one step on such a batch by then);
+batch with a :class:`~csrun.stream.errors.BatchError` naming the leaf
+(:func:`~csrun.stream.schema.check_untouched`: each tensor's version counter against its value
+when the batch was sent; the lone chief refuses the same pipeline) instead of training on
+batches that may mix two (the chief may have run one step on such a batch by then);
 writes through a numpy view of a tensor do not move that counter and are not seen, nor are
 writes into a leaf that is a view of a larger tensor (its counter moves with any write to that
 tensor, most of them harmless). Unlike the
@@ -45,7 +46,7 @@ from collections import deque
 from typing import Any
 
 from csrun.stream.errors import BatchError
-from csrun.stream.schema import Schema
+from csrun.stream.schema import Schema, check_untouched
 from csrun.stream.source import EPOCH_END, BatchSource
 from csrun.stream.stats import StreamerStats
 from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, abort_after_output,
@@ -128,7 +129,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
         t0 = time.monotonic()
         item = next(items)
         stats.pipeline_s += time.monotonic() - t0
-        _check_untouched(inflight)
+        check_untouched([watched for _, _, watched in inflight])
         if item is EPOCH_END:
             if schema is None:
                 raise BatchError(f"the shard of streamer rank {comm.Get_rank()} yielded no batch in "
@@ -169,19 +170,6 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
         oldest = inflight.popleft()[0]
         wait_for(lambda: MPI.Request.Testall(oldest), Backoff.transfer())
     stats.seconds = time.monotonic() - t_start
-
-
-def _check_untouched(inflight: deque) -> None:
-    """:class:`BatchError` if the input pipeline wrote (with a torch in-place op) into a tensor of a
-    batch whose send may still be in flight: the chief could receive a mix of two batches."""
-    for _, _, watched in inflight:
-        for path, tensor, version in watched:
-            if tensor._version != version:
-                raise BatchError(
-                    f"the input pipeline wrote into the tensor at {path or '<batch>'} of a batch it had already "
-                    "handed over (a collate_fn or dataset that refills the same tensors): a streamer sends each "
-                    "batch from its tensors while the next one loads; return new tensors for every batch "
-                    "(torch's default_collate does)")
 
 
 def _send_json(comm: Any, chief: int, kind: int, a: int, doc: dict[str, Any]) -> None:

@@ -157,11 +157,11 @@ def test_chief_without_a_session_releases_the_streamers(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_refilling_collate_is_copied_on_the_lone_chief(tmp_path):
-    """The lone chief copies each batch (as the wire would): refilled tensors cannot change it."""
-    job = run_job(tmp_path / "o", 1, "--n", "12", "--batch", "3", "--epochs", "2", "--refill")
-    assert job.rc == 0, job.output
-    assert job.records[0]["batches"] == expected_sequence(12, 3, 1, 8)
+def test_a_refilling_collate_is_refused_by_the_lone_chief_as_by_a_streamer(tmp_path):
+    """A CPU run refuses what a streamed run would: the same message, at the second batch."""
+    job = run_job(tmp_path / "o", 1, "--n", "12", "--batch", "3", "--refill")
+    assert job.rc != 0
+    assert "wrote into the tensor at [1] of a batch it had already handed over" in job.output, job.output
 
 
 @pytest.mark.timeout(60)
