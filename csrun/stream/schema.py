@@ -203,9 +203,10 @@ class Schema:
         """``(path, tensor, version)`` of each leaf :meth:`encode` sends from the batch's own memory
         (contiguous, not narrowed), with its in-place version counter now: a sender in flight reads
         that memory until its send completes (the batch was checked by ``encode`` already). Views
-        are left out: their counter is their base's, which moves with writes anywhere in it."""
+        are left out (their counter is their base's, which moves with writes anywhere in it), and
+        so are inference-mode tensors (they have no counter)."""
         return [(leaf.path, t, t._version) for leaf, t in zip(self.leaves, self.flatten(batch))
-                if leaf.wire_dtype == leaf.dtype and t.is_contiguous() and t._base is None]
+                if leaf.wire_dtype == leaf.dtype and t.is_contiguous() and t._base is None and not t.is_inference()]
 
     def alloc(self) -> list[torch.Tensor]:
         """Fresh receive buffers: one flat ``uint8`` tensor per leaf, sized for the wire.

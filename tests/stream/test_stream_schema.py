@@ -153,7 +153,10 @@ def test_the_leaves_a_sender_sends_in_place_are_watched_for_writes():
     their version counters); an int64 leaf (sent from its int32 copy), a non-contiguous one (sent
     from a contiguous copy) and a view (whose counter moves with its base) are not."""
     base = torch.zeros(4, 6)
-    batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64), base.t()[:, :2], base[:2], torch.ones(2))
+    with torch.inference_mode():
+        made_for_inference = torch.zeros(3)  # no version counter to read
+    batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64), base.t()[:, :2], base[:2], torch.ones(2),
+             made_for_inference)
     schema = Schema.infer(batch)
     watched = schema.sent_in_place(batch)
     assert [path for path, _, _ in watched] == ["[0]", "[4]"]
