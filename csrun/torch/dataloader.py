@@ -8,7 +8,12 @@ builds this task's shard (see :mod:`csrun.torch.sharding`). Then:
   fixed round-robin order, one epoch per ``for`` loop (a loop left with ``break`` is
   continued by the next one); only inside a Session;
 * on a lone chief, iterating yields the local loader's batches, through the same checks
-  and dtype rules as a stream.
+  and dtype rules as a stream, each copied into buffers the chief owns, as a streamed one is.
+
+Each batch must be new tensors: a streamer sends a batch from its tensors while the next one
+loads, so a pipeline that refills the tensors it handed over (a ``collate_fn`` writing into
+preallocated ones) is refused at its next batch, on streamers and on a lone chief alike
+(:func:`csrun.stream.schema.check_untouched`). torch's ``default_collate`` makes new ones.
 
 ``len()`` is the number of batches per epoch over all streamers; :meth:`StreamingDataLoader.skip`
 starts the sequence at a global batch (exact resume). Every ``next()`` is a step boundary:
