@@ -46,8 +46,10 @@ def _scale_(tensors: list[torch.Tensor], factor: float, float32: bool) -> None:
     """``tensors *= factor``. When every tensor is float32 (``float32``) the factor goes in as a
     float32 0-dim tensor: the same products bit for bit (the scalar is rounded to float32 either
     way), but a Python scalar is wrapped into a tensor once per tensor on a CPU (~1 µs each: 30 µs
-    of fc_mnist's 22 momentum buffers against 9 µs)."""
-    if float32 and len(tensors) > 0:  # the factor on the tensors' device: a GPU's foreach takes its fast path
+    of fc_mnist's 22 momentum buffers against 9 µs). A factor beyond float32's range, or NaN, stays
+    a scalar (``torch.full`` refuses it; the scalar gives torch's inf or NaN products)."""
+    if float32 and len(tensors) > 0 and abs(factor) <= 3.4028234663852886e38:  # float32's largest; on the
+        # tensors' device, where a GPU's foreach takes its fast path
         torch._foreach_mul_(tensors, torch.full([], factor, dtype=torch.float32, device=tensors[0].device))
     else:
         torch._foreach_mul_(tensors, factor)

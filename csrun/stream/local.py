@@ -15,6 +15,7 @@ sees (through a numpy view). Nothing is prefetched and MPI is never loaded.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Iterator
 
 import torch
@@ -22,7 +23,7 @@ import torch
 
 from csrun.stream.buffers import BufferPool
 from csrun.stream.errors import BatchError
-from csrun.stream.schema import Schema, check_untouched
+from csrun.stream.schema import REFILL_WATCH, Schema, check_untouched
 from csrun.stream.source import EPOCH_END, BatchSource
 
 
@@ -35,8 +36,8 @@ class LocalStream:
         self._items: Iterator[Any] | None = None
         self.schema: Schema | None = None
         self._pool: BufferPool | None = None
-        self._handed: list[tuple[str, torch.Tensor, int]] = []
-        """The last batch's leaves a streamer would send in place, and their versions (check_untouched)."""
+        self._handed: deque[list[tuple[str, torch.Tensor, int]]] = deque(maxlen=REFILL_WATCH)
+        """The last batches' leaves a streamer would send in place, and their versions (check_untouched)."""
         self._epoch_batches = 0
 
     def start(self) -> None:
@@ -49,7 +50,7 @@ class LocalStream:
             self.start()
         assert self._items is not None
         item = next(self._items)
-        check_untouched([self._handed])
+        check_untouched(self._handed)
         if item is EPOCH_END:
             if self._epoch_batches == 0:
                 raise BatchError("the input pipeline yielded no batch in an epoch: the dataset is "
@@ -64,7 +65,7 @@ class LocalStream:
         bufs = pool.take()
         batch = schema.copy_into(item, bufs.tensors)
         pool.lend(bufs)
-        self._handed = schema.sent_in_place(item)
+        self._handed.append(schema.sent_in_place(item))
         return batch
 
     def stop(self) -> list:

@@ -182,8 +182,10 @@ class Schema:
 
     def local_buffers(self) -> list[torch.Tensor]:
         """Buffers for one batch as the loader makes it: a tensor per leaf in its own dtype and shape
-        (the lone chief's copies, :meth:`copy_into`)."""
-        return [torch.empty(leaf.shape, dtype=_torch_dtype(leaf.dtype)) for leaf in self.leaves]
+        (the lone chief's copies, :meth:`copy_into`). Never inference tensors, even when the first
+        batch is taken inside ``torch.inference_mode()`` (an eval pass): they are refilled outside it."""
+        with torch.inference_mode(False):
+            return [torch.empty(leaf.shape, dtype=_torch_dtype(leaf.dtype)) for leaf in self.leaves]
 
     def copy_into(self, batch: Any, buffers: Sequence[torch.Tensor]) -> Any:
         """What ``decode(encode(batch))`` gives, in ``buffers`` (:meth:`local_buffers`), without the
@@ -202,11 +204,12 @@ class Schema:
     def sent_in_place(self, batch: Any) -> list[tuple[str, torch.Tensor, int]]:
         """``(path, tensor, version)`` of each leaf :meth:`encode` sends from the batch's own memory
         (contiguous, not narrowed), with its in-place version counter now: a sender in flight reads
-        that memory until its send completes (the batch was checked by ``encode`` already). Views
-        are left out (their counter is their base's, which moves with writes anywhere in it), and
-        so are inference-mode tensors (they have no counter)."""
+        that memory until its send completes (the batch was checked by ``encode`` already). Only
+        tensors that are the whole of their storage: a view's counter (or that of a tensor detached
+        from one) is the whole storage's, which moves with writes anywhere in it; inference-mode
+        tensors have no counter."""
         return [(leaf.path, t, t._version) for leaf, t in zip(self.leaves, self.flatten(batch))
-                if leaf.wire_dtype == leaf.dtype and t.is_contiguous() and t._base is None and not t.is_inference()]
+                if leaf.wire_dtype == leaf.dtype and _whole_storage(t) and not t.is_inference()]
 
     def alloc(self) -> list[torch.Tensor]:
         """Fresh receive buffers: one flat ``uint8`` tensor per leaf, sized for the wire.
@@ -297,6 +300,15 @@ def _check_tensor(t: torch.Tensor, path: str) -> None:
                          "must produce CPU tensors")
     if t.is_sparse or t.layout != torch.strided:
         raise BatchError(f"batch tensor at {_show(path)} has layout {t.layout}; only dense tensors stream")
+
+
+REFILL_WATCH = 2
+"""How many of the last batches handed over a refill is checked against (a streamer has up to two
+in flight; a pipeline alternating between two sets of tensors is caught at its third batch)."""
+
+
+def _whole_storage(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
 
 
 def check_untouched(handed: Sequence[Sequence[tuple[str, torch.Tensor, int]]]) -> None:

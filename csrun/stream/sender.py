@@ -46,7 +46,7 @@ from collections import deque
 from typing import Any
 
 from csrun.stream.errors import BatchError
-from csrun.stream.schema import Schema, check_untouched
+from csrun.stream.schema import REFILL_WATCH, Schema, check_untouched
 from csrun.stream.source import EPOCH_END, BatchSource
 from csrun.stream.stats import StreamerStats
 from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, abort_after_output,
@@ -118,7 +118,8 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
     MPI = mpi()
     items = source.stream(skip)
     schema: Schema | None = None
-    inflight: deque[tuple[list[Any], list[Any], list[Any]]] = deque()  # (requests, buffers they read, watched)
+    inflight: deque[tuple[list[Any], list[Any]]] = deque()  # (requests, buffers they read)
+    handed: deque[list[Any]] = deque(maxlen=REFILL_WATCH)  # Schema.sent_in_place of the last batches sent
     epoch = 0
     t_start = time.monotonic()
     backoff, moving = Backoff.streamer(), Backoff.sending()
@@ -129,7 +130,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
         t0 = time.monotonic()
         item = next(items)
         stats.pipeline_s += time.monotonic() - t0
-        check_untouched([watched for _, _, watched in inflight])
+        check_untouched(handed)
         if item is EPOCH_END:
             if schema is None:
                 raise BatchError(f"the shard of streamer rank {comm.Get_rank()} yielded no batch in "
@@ -163,7 +164,8 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
             oldest = inflight.popleft()[0]
             wait_for(lambda: MPI.Request.Testall(oldest), Backoff.transfer())
         # the buffers must live until their sends complete: they stay in ``inflight``
-        inflight.append(([comm.Isend([b, MPI.BYTE], dest=chief, tag=TAG_DATA) for b in buffers], buffers, watched))
+        inflight.append(([comm.Isend([b, MPI.BYTE], dest=chief, tag=TAG_DATA) for b in buffers], buffers))
+        handed.append(watched)  # the last REFILL_WATCH batches, whether or not their sends completed
         stats.batches += 1
         stats.bytes += schema.nbytes
     while inflight:

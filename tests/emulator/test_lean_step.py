@@ -128,3 +128,22 @@ def test_no_lean_form_for_other_optimizers() -> None:
     assert lean_step(torch.optim.AdamW(params, lr=1e-3)) is None
     assert lean_step(MySGD(params, lr=1e-3)) is None
     assert lean_step(torch.optim.SGD(params, lr=1e-3, foreach=True)) is not None
+
+
+@pytest.mark.parametrize("factor", [1e39, float("inf"), float("nan"), 3.4028234663852886e38, 1e-45])
+def test_the_scaling_of_float32_gradients_matches_torch_beyond_float32s_range(factor: float) -> None:
+    """The unscaling factor of a tiny static loss scale can exceed float32's range: the update then
+    multiplies by the Python scalar (inf or NaN products, as torch's), not by a float32 tensor that
+    torch.full refuses to make."""
+    from csrun.emulator.lean_step import sgd_update
+
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g) * 1e-3, torch.zeros(4)]
+    params = [torch.randn(5, 3, generator=g), torch.randn(4, generator=g)]
+    bufs = [torch.zeros(5, 3), torch.zeros(4)]
+    want = [g.clone() for g in grads]
+    torch._foreach_mul_(want, factor)
+    sgd_update()([g.clone() for g in grads], params, bufs, [], [], factor, 0.0, 0.9, 0.1, 0.0, False, True)
+    got = bufs  # with momentum the buffers took the unscaled gradients (times 1 - dampening = 1)
+    for a, b in zip(got, want):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
