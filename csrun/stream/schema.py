@@ -344,7 +344,7 @@ def _check_narrow(t: torch.Tensor, leaf: Leaf) -> None:
 
 
 def _bytes_view(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().contiguous()
+    t = t.detach().resolve_conj().resolve_neg().contiguous()  # a lazy conjugate or negation: its values
     return t.reshape(-1).view(torch.uint8).numpy()
 
 

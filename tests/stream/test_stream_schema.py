@@ -162,3 +162,13 @@ def test_the_leaves_a_sender_sends_in_place_are_watched_for_writes():
     assert [path for path, _, _ in watched] == ["[0]", "[4]"]
     batch[0].add_(1)
     assert [t._version != v for _, t, v in watched] == [True, False]
+
+
+def test_a_lazily_conjugated_complex_leaf_streams_its_values():
+    """x.conj() is a view with a conjugate bit: the wire and the lone chief's copy carry its values."""
+    x = torch.tensor([[1 + 2j, 3 - 4j]], dtype=torch.complex64)
+    batch = (x.conj(), -x)
+    schema = Schema.infer(batch)
+    for out in (_roundtrip(schema, batch), schema.copy_into(batch, schema.local_buffers())):
+        assert torch.equal(out[0], torch.tensor([[1 - 2j, 3 + 4j]], dtype=torch.complex64))
+        assert torch.equal(out[1], torch.tensor([[-1 - 2j, -3 + 4j]], dtype=torch.complex64))
