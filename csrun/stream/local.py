@@ -20,7 +20,6 @@ from typing import Any, Iterator
 
 import torch
 
-
 from csrun.stream.buffers import BufferPool
 from csrun.stream.errors import BatchError
 from csrun.stream.schema import REFILL_WATCH, Schema, check_untouched

@@ -19,15 +19,15 @@ next batch loads: an input pipeline must hand over new tensors for each batch, n
 ones it yielded before (torch's ``default_collate`` does). One that refills them with torch's
 in-place operations (``torch.stack(..., out=x)``, ``x.copy_(...)``) ends the job at its next
 batch with a :class:`~csrun.stream.errors.BatchError` naming the leaf
-(:func:`~csrun.stream.schema.check_untouched`: each tensor's version counter against its value
-when the batch was sent; the lone chief refuses the same pipeline) instead of training on
-batches that may mix two (the chief may have run one step on such a batch by then);
-writes through a numpy view of a tensor do not move that counter and are not seen, nor are
-writes into a leaf that is a view of a larger tensor (its counter moves with any write to that
-tensor, most of them harmless). Unlike the
-lone chief, which copies each batch into buffers of its own (:mod:`csrun.stream.local`), a
-streamer does not copy: on one node MPI's transfer runs at 8-12 GB/s here, and a copy would
-cost large batches about half of it (``bench/stream/run.py`` part a).
+(:func:`~csrun.stream.schema.check_untouched` over the last two batches sent: each tensor's
+version counter against its value when the batch was sent; the lone chief refuses the same
+pipeline) instead of training on batches that may mix two (the chief may have run one step on
+such a batch by then). Not seen: writes through a numpy view (they do not move the counter) and
+writes into a leaf that shares its storage with more than itself (the counter is the storage's,
+moved by writes anywhere in it, most of them harmless). Unlike the lone chief, which copies each
+batch into buffers of its own (:mod:`csrun.stream.local`), a streamer does not copy: on one node
+MPI's transfer runs at 8-12 GB/s here, and a copy would cost large batches about half of it
+(``bench/stream/run.py`` part a).
 
 An exception in the input pipeline (or a batch that cannot be streamed) is printed here with
 its traceback, sent to the chief as ERROR (rank, node, the exception's last line), and then
