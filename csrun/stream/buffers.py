@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
+import numpy as np
 import torch
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
@@ -33,8 +34,11 @@ def _uses(t: torch.Tensor) -> int:
 class BufferSet:
     """The buffers of one batch (one tensor per leaf), and their storages' use counts when unlent."""
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, tensors: list[torch.Tensor], *, arrays: bool = False) -> None:
+        """``arrays``: keep numpy views of the tensors too (MPI's receive buffers). They are made
+        before the use counts are taken, since a numpy view counts as a use of its storage."""
         self.tensors = tensors
+        self.arrays: list[np.ndarray] = [t.numpy() for t in tensors] if arrays else []
         self.baseline = [_uses(t) for t in tensors]
 
     def free(self) -> bool:
@@ -43,10 +47,12 @@ class BufferSet:
 
 
 class BufferPool:
-    """Buffer sets lent to the user, reclaimed once the user drops the batch; ``make`` allocates a set."""
+    """Buffer sets lent to the user, reclaimed once the user drops the batch; ``make`` allocates a
+    set (``arrays``: see :class:`BufferSet`)."""
 
-    def __init__(self, make: Callable[[], list[torch.Tensor]], track: int = LENT_TRACKED) -> None:
-        self._make, self._track = make, track
+    def __init__(self, make: Callable[[], list[torch.Tensor]], track: int = LENT_TRACKED, *,
+                 arrays: bool = False) -> None:
+        self._make, self._track, self._arrays = make, track, arrays
         self._lent: deque[BufferSet] = deque()
 
     def take(self) -> BufferSet:
@@ -55,7 +61,7 @@ class BufferPool:
             if bufs.free():
                 del self._lent[i]
                 return bufs
-        return BufferSet(self._make())
+        return BufferSet(self._make(), arrays=self._arrays)
 
     def lend(self, bufs: BufferSet) -> None:
         """``bufs`` now holds a batch handed out; checked for reuse from now on."""

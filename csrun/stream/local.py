@@ -61,10 +61,11 @@ class LocalStream:
         if schema is None or pool is None:
             schema = self.schema = Schema.infer(item)
             pool = self._pool = BufferPool(schema.local_buffers)
+        tensors = schema.flatten(item)
         bufs = pool.take()
-        batch = schema.copy_into(item, bufs.tensors)
+        batch = schema.copy_into(tensors, bufs.tensors)
         pool.lend(bufs)
-        self._handed.append(schema.sent_in_place(item))
+        self._handed.append(schema.sent_in_place(tensors))
         return batch
 
     def stop(self) -> list:

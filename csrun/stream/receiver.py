@@ -116,11 +116,11 @@ class Receiver:
         self._mark_ended_by_skip(hellos[first.rank].get("batches_per_epoch"))
         # the batches handed out and still alive: the loop's, the device queue's and the one the
         # device runs, a few per streamer; a set no longer tracked is never reused
-        self._pool = BufferPool(self.schema.alloc, track=max(LENT_TRACKED, len(self._peers)))
+        self._pool = BufferPool(self.schema.alloc, track=max(LENT_TRACKED, len(self._peers)), arrays=True)
         for peer in self._peers:
             peer.slots = [None] * self._prefetch
             for seq in range(self._prefetch):
-                self._post_slot(peer, seq, BufferSet(self.schema.alloc()))
+                self._post_slot(peer, seq, BufferSet(self.schema.alloc(), arrays=True))
             self._grant(peer, self._prefetch)
 
     def _mark_ended_by_skip(self, per_epoch: Any) -> None:
@@ -142,7 +142,7 @@ class Receiver:
         peer.ctrl_req = self._comm.Irecv([peer.ctrl_buf, self._MPI.INT64_T], source=peer.rank, tag=TAG_CTRL)
 
     def _post_slot(self, peer: _Peer, seq: int, bufs: BufferSet) -> None:
-        reqs = [self._comm.Irecv([t.numpy(), self._MPI.BYTE], source=peer.rank, tag=TAG_DATA) for t in bufs.tensors]
+        reqs = [self._comm.Irecv([a, self._MPI.BYTE], source=peer.rank, tag=TAG_DATA) for a in bufs.arrays]
         peer.slots[seq % self._prefetch] = (bufs, reqs, seq)
 
     def _grant(self, peer: _Peer, upto: int) -> None:

@@ -173,8 +173,12 @@ class Schema:
 
     def encode(self, batch: Any) -> list[np.ndarray]:
         """One contiguous ``uint8`` numpy buffer per leaf, in wire dtypes (int64 -> int32, checked)."""
+        return self.encode_leaves(self.flatten(batch))
+
+    def encode_leaves(self, tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+        """:meth:`encode` of a batch already flattened (:meth:`flatten`: checked, in schema order)."""
         buffers = []
-        for leaf, tensor in zip(self.leaves, self.flatten(batch)):
+        for leaf, tensor in zip(self.leaves, tensors):
             if leaf.wire_dtype != leaf.dtype:
                 tensor = _narrow(tensor, leaf)
             buffers.append(_bytes_view(tensor))
@@ -187,28 +191,29 @@ class Schema:
         with torch.inference_mode(False):
             return [torch.empty(leaf.shape, dtype=_torch_dtype(leaf.dtype)) for leaf in self.leaves]
 
-    def copy_into(self, batch: Any, buffers: Sequence[torch.Tensor]) -> Any:
-        """What ``decode(encode(batch))`` gives, in ``buffers`` (:meth:`local_buffers`), without the
-        bytes in between: the same checks (structure, static shapes and dtypes, int64 values that fit
-        int32, with the same messages), the same values and dtypes, and memory the caller owns, as a
-        batch from the wire is (a loader may refill its tensors in place once it has handed them
-        over). One copy per leaf: the round trip took two conversions more for an int64 leaf."""
+    def copy_into(self, tensors: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor]) -> Any:
+        """What ``decode(encode(batch))`` gives for the batch whose :meth:`flatten` is ``tensors``,
+        in ``buffers`` (:meth:`local_buffers`), without the bytes in between: the same checks (the
+        structure, static shapes and dtypes by ``flatten``; int64 values that fit int32 here, with
+        the same messages), the same values and dtypes, and memory the caller owns, as a batch from
+        the wire is (a loader may refill its tensors in place once it has handed them over). One
+        copy per leaf: the round trip took two conversions more for an int64 leaf."""
         out = []
-        for leaf, tensor, buf in zip(self.leaves, self.flatten(batch), buffers):
+        for leaf, tensor, buf in zip(self.leaves, tensors, buffers):
             if leaf.wire_dtype != leaf.dtype:
                 _check_narrow(tensor, leaf)
             buf.copy_(tensor.detach())
             out.append(buf.view(leaf.shape))  # a view: the pool sees the batch alive through it
         return self.unflatten(out)
 
-    def sent_in_place(self, batch: Any) -> list[tuple[str, torch.Tensor, int]]:
-        """``(path, tensor, version)`` of each leaf :meth:`encode` sends from the batch's own memory
-        (contiguous, not narrowed), with its in-place version counter now: a sender in flight reads
-        that memory until its send completes (the batch was checked by ``encode`` already). Only
-        tensors that are the whole of their storage: a view's counter (or that of a tensor detached
-        from one) is the whole storage's, which moves with writes anywhere in it; inference-mode
-        tensors have no counter."""
-        return [(leaf.path, t, t._version) for leaf, t in zip(self.leaves, self.flatten(batch))
+    def sent_in_place(self, tensors: Sequence[torch.Tensor]) -> list[tuple[str, torch.Tensor, int]]:
+        """``(path, tensor, version)`` of each leaf (``tensors``: the batch's :meth:`flatten`) that
+        :meth:`encode` sends from the batch's own memory (contiguous, not narrowed), with its
+        in-place version counter now: a sender in flight reads that memory until its send
+        completes. Only tensors that are the whole of their storage: a view's counter (or that of a
+        tensor detached from one) is the whole storage's, which moves with writes anywhere in it;
+        inference-mode tensors have no counter."""
+        return [(leaf.path, t, t._version) for leaf, t in zip(self.leaves, tensors)
                 if leaf.wire_dtype == leaf.dtype and _whole_storage(t) and not t.is_inference()]
 
     def alloc(self) -> list[torch.Tensor]:

@@ -144,8 +144,9 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
                      "node": stats.node, "pid": os.getpid(), "batches_per_epoch": source.batches_per_epoch()}
             _send_json(comm, chief, Kind.HELLO, -1 if source.batches_per_epoch() is None
                        else int(source.batches_per_epoch() or 0), hello)
-        buffers = schema.encode(item)
-        watched = schema.sent_in_place(item)
+        tensors = schema.flatten(item)
+        buffers = schema.encode_leaves(tensors)
+        watched = schema.sent_in_place(tensors)
         credit.poll()
         if stats.batches >= credit.upto and not credit.stopped:
             t0, c0 = time.monotonic(), time.process_time()

@@ -56,7 +56,7 @@ def test_copy_into_gives_what_the_wire_gives_in_buffers_it_owns():
     batch = {**_nested(), "strided": base.t()[:, :2]}  # a non-contiguous leaf
     schema = Schema.infer(batch)
     buffers = schema.local_buffers()
-    out, wire = schema.copy_into(batch, buffers), _roundtrip(schema, batch)
+    out, wire = schema.copy_into(schema.flatten(batch), buffers), _roundtrip(schema, batch)
     assert isinstance(out, dict) and isinstance(out["pair"], tuple) and isinstance(out["pair"][1], list)
     for got, want, buf, given in zip(schema.flatten(out), schema.flatten(wire), buffers, schema.flatten(batch)):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
@@ -66,7 +66,7 @@ def test_copy_into_gives_what_the_wire_gives_in_buffers_it_owns():
 
 
 def _through(schema: Schema, how: str):
-    return schema.encode if how == "encode" else lambda b: schema.copy_into(b, schema.local_buffers())
+    return schema.encode if how == "encode" else lambda b: schema.copy_into(schema.flatten(b), schema.local_buffers())
 
 
 @pytest.mark.parametrize("through", ["encode", "copy_into"])
@@ -158,7 +158,7 @@ def test_the_leaves_a_sender_sends_in_place_are_watched_for_writes():
     batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64), base.t()[:, :2], base[:2], torch.ones(2),
              made_for_inference)
     schema = Schema.infer(batch)
-    watched = schema.sent_in_place(batch)
+    watched = schema.sent_in_place(schema.flatten(batch))
     assert [path for path, _, _ in watched] == ["[0]", "[4]"]
     batch[0].add_(1)
     assert [t._version != v for _, t, v in watched] == [True, False]
@@ -169,6 +169,6 @@ def test_a_lazily_conjugated_complex_leaf_streams_its_values():
     x = torch.tensor([[1 + 2j, 3 - 4j]], dtype=torch.complex64)
     batch = (x.conj(), -x)
     schema = Schema.infer(batch)
-    for out in (_roundtrip(schema, batch), schema.copy_into(batch, schema.local_buffers())):
+    for out in (_roundtrip(schema, batch), schema.copy_into(schema.flatten(batch), schema.local_buffers())):
         assert torch.equal(out[0], torch.tensor([[1 - 2j, 3 + 4j]], dtype=torch.complex64))
         assert torch.equal(out[1], torch.tensor([[-1 - 2j, -3 + 4j]], dtype=torch.complex64))
