@@ -48,8 +48,8 @@ def _scale_(tensors: list[torch.Tensor], factor: float, float32: bool) -> None:
     way), but a Python scalar is wrapped into a tensor once per tensor on a CPU (~1 µs each: 30 µs
     of fc_mnist's 22 momentum buffers against 9 µs). A factor beyond float32's range, or NaN, stays
     a scalar (``torch.full`` refuses it; the scalar gives torch's inf or NaN products)."""
-    if float32 and len(tensors) > 0 and abs(factor) <= 3.4028234663852886e38:  # float32's largest; on the
-        # tensors' device, where a GPU's foreach takes its fast path
+    # 3.4028234663852886e38: float32's largest; the tensor on the tensors' device (a GPU's fast path)
+    if float32 and len(tensors) > 0 and abs(factor) <= 3.4028234663852886e38:
         torch._foreach_mul_(tensors, torch.full([], factor, dtype=torch.float32, device=tensors[0].device))
     else:
         torch._foreach_mul_(tensors, factor)
@@ -130,8 +130,10 @@ def _buffers(optimizer: torch.optim.Optimizer, group: dict[str, Any],
     return buffers
 
 
-def _all_float32(*lists: Sequence[torch.Tensor]) -> bool:
-    return all(t.dtype is torch.float32 for tensors in lists for t in tensors)
+def _all_float32(params: Sequence[torch.Tensor]) -> bool:
+    """Are the weights float32? Then so are their gradients (autograd's rule) and momentum buffers
+    (made like them; torch's ``load_state_dict`` casts loaded ones to them)."""
+    return all(p.dtype is torch.float32 for p in params)
 
 
 def _run(group: dict[str, Any], grads: list[torch.Tensor], params: list[torch.Tensor], buffers: list[torch.Tensor],
@@ -159,7 +161,7 @@ def _sgd_step(optimizer: torch.optim.Optimizer) -> bool:
         plans.append((group, params, grads, buffers))  # type: ignore[arg-type]  # grads: p.grad is not None
     for group, params, grads, buffers in plans:
         if params:
-            _run(group, grads, params, buffers, [], [], 1.0, _all_float32(grads, params, buffers))
+            _run(group, grads, params, buffers, [], [], 1.0, _all_float32(params))
     return True
 
 
@@ -173,9 +175,7 @@ class ScriptedUpdate:
         self.half = half
         self._wide = [torch.empty_like(p) for p in params] if half is not None else []
         self._float32 = _all_float32(self.params)
-        """The weights are float32, so are their momentum buffers (made like them, and torch's
-        ``load_state_dict`` casts loaded ones to them), their gradients (autograd's rule) and,
-        with ``half``, the float32 leaves' gradients and ``_wide``."""
+        """See :func:`_all_float32`; with ``half``, the float32 leaves' gradients and ``_wide`` are too."""
 
     def __call__(self, inv_scale: float) -> bool:
         """Update the weights from the backward's gradients (unscaled by ``inv_scale``) and clear

@@ -12,12 +12,13 @@ wrapper and the optimizer.
 The trace is of the same aten ops in the same order, run by TorchScript's interpreter with its
 optimizations off (:mod:`csrun.emulator.torchscript`: no fusion, no symbolic autodiff; autograd
 records the same ops as eager), so the numbers are the graph's bit for bit.
-:meth:`TracedForward.build` checks that on the first batch before it is used: the graph (the run that the trace records) and the trace run on copies
-of the state from the same random state, and their outputs and their gradients must be equal
-bit for bit (so the first step runs its forward and its backward three times each); any difference,
-or anything the trace cannot express (a non-tensor input or output, a failed trace), keeps the
-graph, with the reason at debug level. Tracing runs on copies, so it moves no buffer and draws
-nothing from the random generators a step uses.
+:meth:`TracedForward.build` checks that on the first batch before it is used: the graph (the
+run that the trace records) and the trace run on copies of the state from the same random state,
+and their outputs and their gradients must be equal bit for bit (so the first step runs its
+forward and its backward three times each); any difference, or anything the trace cannot express
+(a non-tensor input or output, a failed trace), keeps the graph, with the reason at debug level.
+Tracing runs on copies, so it moves no buffer and draws nothing from the random generators a
+step uses.
 
 ``CSRUN_ENGINE_TRACE``: ``auto`` (the default: on a CPU device, for programs run on float32
 kernels, including float16/bfloat16 emulated by rounding) or ``off`` (always the graph).
