@@ -232,6 +232,9 @@ def apply_half_emulation(module: GraphModule, dtype: torch.dtype,
             r = rounding_of(node)
             for u in users:
                 u.replace_input_with(node, r)
+    for node in list(graph.nodes):  # a weight only 16-bit ops read is now read through its leaf alone
+        if node.op == "get_attr" and not node.users and str(node.target) in weights:
+            graph.erase_node(node)
     graph.lint()
     module.recompile()
     return HalfWeights(module, dtype, weights)
