@@ -60,11 +60,13 @@ the copies apart.
 
 **Locks.** Nothing here patches ``torch.load`` or ``pickle``. One lock serialises torch's
 (de)serialiser: its deserialiser keeps module-global state, and :func:`write_archive` skips
-its canonical-form self-test by swapping one function for the duration of a write.
+its canonical-form self-test by swapping one function, and its import of inductor's IR module
+by a stand-in in ``sys.modules``, for the duration of a write.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import keyword
@@ -72,8 +74,9 @@ import os
 import re
 import sys
 import threading
+import types
 import zipfile
-from typing import IO, Any, Mapping
+from typing import IO, Any, Iterator, Mapping
 
 import torch
 
@@ -152,7 +155,9 @@ def write_archive(program: torch.export.ExportedProgram, file: str | IO[bytes], 
     torch's serializer also runs ``canonicalize`` on a deep copy of the serialized program
     only as a self-test ("Test canonical form is well defined" in
     torch/_export/serde/serialize.py) and discards the result; that test is skipped here (it
-    is about half of a graph's save time). The archive written is the same.
+    is about half of a graph's save time). And it imports inductor's IR module only to ask
+    whether an argument is one of its buffers (:func:`_without_inductor_ir`). The archive
+    written is the same.
     """
     import warnings
 
@@ -167,13 +172,50 @@ def write_archive(program: torch.export.ExportedProgram, file: str | IO[bytes], 
             program._state_dict = weight_placeholders(saved_state)
         program._example_inputs = None
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _without_inductor_ir():
                 warnings.filterwarnings("ignore", message="No complete tensor found in the group")
                 torch.export.save(program, file)
         finally:
             program._state_dict, program._example_inputs = saved_state, saved_inputs
             if real is not None:
                 serde.canonicalize = real  # type: ignore[assignment]
+
+
+_INDUCTOR_IR = "torch._inductor.ir"
+
+
+def _class_named(name: str) -> type:
+    """A new class called ``name`` (no object is an instance of it); dunder names stay missing."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return type(name, (), {})
+
+
+@contextlib.contextmanager
+def _without_inductor_ir() -> Iterator[None]:
+    """While inside, ``import torch._inductor.ir`` gives a stand-in whose every attribute is a
+    class of its own, unless the real module is already loaded.
+
+    torch's serializer imports that module (~35 ms, most of a small program's first write) for
+    one check: is an argument an instance of inductor's ``Buffer`` or ``ReinterpretView``? No
+    object can be an instance of a class of a module that was never loaded, so against the
+    stand-in's classes the answer is the same "no", without the import. The modules
+    ``torch.export.save`` imports first are imported before the stand-in goes in, so that no
+    module is first imported beside it (and keeps one of its classes); the stand-in leaves
+    ``sys.modules`` on the way out. Callers hold :data:`_LOCK`.
+    """
+    if _INDUCTOR_IR in sys.modules:
+        yield
+        return
+    import torch.export.pt2_archive._package  # noqa: F401 - torch.export.save's own first import
+    stand_in = types.ModuleType(_INDUCTOR_IR, "inductor's IR, not loaded (csrun.program.archive)")
+    stand_in.__getattr__ = _class_named  # type: ignore[method-assign]  # a module's __getattr__ (PEP 562)
+    sys.modules[_INDUCTOR_IR] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get(_INDUCTOR_IR) is stand_in:
+            del sys.modules[_INDUCTOR_IR]
 
 
 def archive_bytes(program: torch.export.ExportedProgram) -> bytes:

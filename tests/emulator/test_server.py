@@ -26,6 +26,7 @@ from csrun.emulator.client import RemoteDevice
 from csrun.emulator.errors import AuthenticationFailed, ProgramRejected, SpecError, SystemBusy, SystemUnreachable
 from csrun.emulator.program import load_program, save_program
 from csrun.emulator.server import EmulatorServer
+from csrun.program.archive import import_reader
 
 from .helpers import MLP, make_program, mlp_batches, raw_hello
 
@@ -36,6 +37,10 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture()
 def server(caplog: pytest.LogCaptureFixture) -> Iterator[EmulatorServer]:
     caplog.set_level(logging.INFO, logger="csrun.emulator.server")
+    # The server's warm-up imports the program reader on a thread of this process, where a test
+    # may be importing torch.export's circular modules itself (torch.export.export): imported
+    # here first, the warm-up finds it done. (A cs_emulator process imports nothing beside it.)
+    import_reader()
     srv = EmulatorServer(token=TOKEN, port=0, limits=wire.Limits(max_header_bytes=64 << 10,
                                                                   max_tensor_bytes=8 << 20))
     srv.start()

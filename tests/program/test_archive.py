@@ -357,3 +357,36 @@ def test_refusals_name_the_archive_and_the_field(tmp_path: Path, edit: Callable,
     assert text.startswith(f"{path}: ") and message in text and "\n" not in text, text
     with pytest.raises(ArchiveRefused, match=f"^{FROM_CLIENT}: "):
         read_archive(data)
+
+
+_WRITE_TWICE = """
+import io, sys, zipfile, torch
+from torch import nn
+from csrun.program.archive import write_archive, read_archive
+model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+program = torch.export.export(model, (torch.randn(5, 4),))
+def entries():
+    out = io.BytesIO()
+    write_archive(program, out)
+    z = zipfile.ZipFile(io.BytesIO(out.getvalue()))
+    read_archive(out.getvalue())  # the reader takes it
+    return {n.split("/", 1)[1]: z.read(n) for n in z.namelist() if not n.endswith("serialization_id")}
+before = "torch._inductor.ir" in sys.modules
+first = entries()
+after = "torch._inductor.ir" in sys.modules
+import torch._inductor.ir  # the real module: torch's own path
+print(before, after, entries() == first, sys.modules["torch._inductor.ir"].__file__.endswith("ir.py"))
+"""
+
+
+def test_a_write_without_inductor_loaded_is_the_same_archive_and_leaves_no_trace() -> None:
+    """The writer answers torch's "is this an inductor buffer?" without importing inductor's IR
+    module (csrun.program.archive._without_inductor_ir): the archive is the one torch's own path
+    writes, entry for entry, and the module is still not loaded afterwards."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _WRITE_TWICE], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False", "True", "True"]
