@@ -193,3 +193,71 @@ def test_a_weight_only_16_bit_ops_read_is_read_through_its_leaf_alone(monkeypatc
     for b in batches:
         assert torch.isfinite(both.run_step(b)["loss"])
     assert all(p.grad is None for p in both.params)
+
+
+class _Inverts(torch.nn.Module):
+    """An op that refuses zeros: the inverse of a matrix made from its weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.eye(4) + 0.1 * torch.randn(4, 4))
+        self.head = torch.nn.Linear(4, 5)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.head(x[:, :4] @ torch.linalg.inv(self.w)), y)
+
+
+def _probe_module(model: torch.nn.Module, batch: Any) -> GraphModule:
+    module = torch.export.export(model, (batch,)).module()
+    drop_metadata_asserts(module)
+    return module
+
+
+def _by_name(dtypes: dict[Any, torch.dtype]) -> dict[str, torch.dtype]:
+    return {n.name: d for n, d in dtypes.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_probe_on_zero_tensors_answers_as_on_fake_ones_and_touches_nothing(
+        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small program's autocast probe runs on real zero tensors (half_emulation.autocast_dtypes):
+    every node's dtype is the fake-tensor probe's, no weight or buffer (batch norm's running
+    statistics) changes, and the random generator (dropout) is where it was."""
+    from .test_traced_forward import ConvNet, conv_batches
+
+    zero_runs: list[bool] = []
+
+    class Spy(half_emulation._DtypeProbe):
+        def __init__(self, module: GraphModule, *, zero_state: bool = False) -> None:
+            super().__init__(module, zero_state=zero_state)
+            zero_runs.append(zero_state)
+
+    monkeypatch.setattr(half_emulation, "_DtypeProbe", Spy)
+    torch.manual_seed(0)
+    for model, batch in ((MLP(), mlp_batches(1)[0]), (TinyTransformer(), lm_batches(1)[0]),
+                         (ConvNet().train(), conv_batches(1)[0])):
+        module = _probe_module(model, batch)
+        state = {k: v.clone() for k, v in module.state_dict().items()}
+        rng = torch.random.get_rng_state()
+        real = half_emulation.autocast_dtypes(module, dtype)
+        assert zero_runs[-1] is True
+        assert torch.equal(torch.random.get_rng_state(), rng)
+        assert all(torch.equal(v, module.state_dict()[k]) for k, v in state.items())
+        monkeypatch.setattr(half_emulation, "REAL_PROBE_MAX_ELEMENTS", -1)
+        fake = half_emulation.autocast_dtypes(module, dtype)
+        monkeypatch.undo()
+        monkeypatch.setattr(half_emulation, "_DtypeProbe", Spy)
+        assert zero_runs[-1] is False
+        assert _by_name(real) == _by_name(fake) and dtype in real.values()
+
+
+def test_a_program_that_refuses_zeros_is_probed_on_fake_tensors() -> None:
+    batch = mlp_batches(1)[0]
+    module = _probe_module(_Inverts(), batch)
+    with pytest.raises(RuntimeError):  # what the zero run meets
+        torch.linalg.inv(torch.zeros(4, 4))
+    dtypes = half_emulation.autocast_dtypes(module, torch.float16)
+    assert torch.float16 in dtypes.values()
+    e = Engine(*make_program(_Inverts(), batch, precision="float16"), notice=quiet)
+    assert e.half_weights is not None and torch.isfinite(e.run_step(batch)["loss"])
