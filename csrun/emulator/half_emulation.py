@@ -107,9 +107,13 @@ class _DtypeProbe(Interpreter):
 
 def _elements(module: GraphModule) -> int | None:
     """The elements of every value the graph holds (its attributes' tensors and each node's
-    captured output); None when a node's output is not known."""
+    captured output); None when a node's output is not known, or when a node calls anything but
+    a torch operator (aten, prims) or ``getitem``: a custom op may do more than compute."""
     total = 0
     for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is not operator.getitem and not (
+                isinstance(node.target, torch._ops.OpOverload) and node.target.namespace in ("aten", "prims")):
+            return None
         if node.op == "get_attr":
             value = _attr(module, str(node.target))
             total += value.numel() if isinstance(value, torch.Tensor) else 0
@@ -136,12 +140,12 @@ def autocast_dtypes(module: GraphModule, dtype: torch.dtype, device_type: str = 
     """Each node's output dtype when ``module`` runs under ``torch.autocast(dtype)``, found without
     reading the data or changing any state.
 
-    A program of at most :data:`REAL_PROBE_MAX_ELEMENTS` elements on a CPU runs once on real zero
-    tensors (its inputs, and in place of its weights and buffers), under ``no_grad`` and with the
-    random generator's state put back: for a small program that is ~10x cheaper than the general
-    way, torch's fake-tensor dispatch (40-50 ms for fc_mnist, paid by every job); should an op
-    refuse zeros, the general way answers. Every other program runs on fake tensors shaped like
-    the placeholders' captured values.
+    A program of at most :data:`REAL_PROBE_MAX_ELEMENTS` elements on a CPU that calls torch's own
+    operators only (aten, prims) runs once on real zero tensors (its inputs, and in place of its
+    weights and buffers), under ``no_grad`` and with the random generator's state put back: for a
+    small program that is ~10x cheaper than the general way, torch's fake-tensor dispatch (40-50
+    ms for fc_mnist, paid by every job); should an op refuse zeros, the general way answers. Every
+    other program runs on fake tensors shaped like the placeholders' captured values.
     """
     elements = _elements(module) if device_type == "cpu" else None
     if elements is not None and elements <= REAL_PROBE_MAX_ELEMENTS:

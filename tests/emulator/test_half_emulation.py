@@ -261,3 +261,35 @@ def test_a_program_that_refuses_zeros_is_probed_on_fake_tensors() -> None:
     assert torch.float16 in dtypes.values()
     e = Engine(*make_program(_Inverts(), batch, precision="float16"), notice=quiet)
     assert e.half_weights is not None and torch.isfinite(e.run_step(batch)["loss"])
+
+
+_CUSTOM_CALLS: list[int] = []
+
+
+@torch.library.custom_op("csrun_test::counted_double", mutates_args=())
+def _counted_double(x: torch.Tensor) -> torch.Tensor:
+    _CUSTOM_CALLS.append(1)  # what a custom op may do besides computing
+    return x * 2
+
+
+@_counted_double.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class _CallsCustom(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(12, 5)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(_counted_double(self.l1(x)), y)
+
+
+def test_a_program_with_a_custom_op_is_probed_on_fake_tensors() -> None:
+    """Only torch's own operators run for real in the probe: a custom op (user code) is not called."""
+    module = _probe_module(_CallsCustom(), mlp_batches(1)[0])
+    _CUSTOM_CALLS.clear()
+    dtypes = half_emulation.autocast_dtypes(module, torch.float16)
+    assert _CUSTOM_CALLS == [] and torch.float16 in dtypes.values()
