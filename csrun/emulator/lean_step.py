@@ -48,7 +48,8 @@ def _scale_(tensors: list[torch.Tensor], factor: float, float32: bool) -> None:
     way), but a Python scalar is wrapped into a tensor once per tensor on a CPU (~1 µs each: 30 µs
     of fc_mnist's 22 momentum buffers against 9 µs). A factor beyond float32's range, or NaN, stays
     a scalar (``torch.full`` refuses it; the scalar gives torch's inf or NaN products)."""
-    # 3.4028234663852886e38: float32's largest; the tensor on the tensors' device (a GPU's fast path)
+    # 3.4028234663852886e38: float32's largest, written out (TorchScript compiles this: no globals);
+    # the tensor on the tensors' device (a GPU's fast path)
     if float32 and len(tensors) > 0 and abs(factor) <= 3.4028234663852886e38:
         torch._foreach_mul_(tensors, torch.full([], factor, dtype=torch.float32, device=tensors[0].device))
     else:

@@ -120,7 +120,7 @@ class Receiver:
         for peer in self._peers:
             peer.slots = [None] * self._prefetch
             for seq in range(self._prefetch):
-                self._post_slot(peer, seq, BufferSet(self.schema.alloc(), arrays=True))
+                self._post_slot(peer, seq, self._pool.take())  # nothing lent yet: a new set
             self._grant(peer, self._prefetch)
 
     def _mark_ended_by_skip(self, per_epoch: Any) -> None:

@@ -166,28 +166,16 @@ def test_weights_stay_float32_masters(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(not torch.equal(v, v.half().float()) for v in params.values())
 
 
-class _ReadTwice(torch.nn.Module):
-    """Its first layer's weight is read by a 16-bit matmul and by a float32 op (a sum of squares)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = torch.nn.Linear(12, 24)
-        self.l2 = torch.nn.Linear(24, 5)
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        penalty = (self.l1.weight.float() ** 2).sum() * 1e-3
-        return torch.nn.functional.cross_entropy(self.l2(torch.relu(self.l1(x))), y) + penalty
-
-
 def test_a_weight_only_16_bit_ops_read_is_read_through_its_leaf_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rewrite leaves no read of a master that nothing uses: the traced forward takes each
     weight once (its leaf), not the master too. A weight a float32 op reads as well keeps its read."""
+    from .test_scripted_update import Shared
+
     batches = mlp_batches(2)
     e = _engine(MLP(), batches[0], "rounding", monkeypatch)
     reads = {str(n.target) for n in e.module.graph.nodes if n.op == "get_attr"}
     assert e.half_weights is not None and reads == {f"{half_emulation.HalfWeights.PREFIX}{i}" for i in range(4)}
-    both = _engine(_ReadTwice(), batches[0], "rounding", monkeypatch)
+    both = _engine(Shared(), batches[0], "rounding", monkeypatch)  # l1.weight read by a float32 op too
     reads = {str(n.target) for n in both.module.graph.nodes if n.op == "get_attr"}
     assert "l1.weight" in reads and "l2.weight" not in reads
     for b in batches:
@@ -244,10 +232,9 @@ def test_the_probe_on_zero_tensors_answers_as_on_fake_ones_and_touches_nothing(
         assert zero_runs[-1] is True
         assert torch.equal(torch.random.get_rng_state(), rng)
         assert all(torch.equal(v, module.state_dict()[k]) for k, v in state.items())
-        monkeypatch.setattr(half_emulation, "REAL_PROBE_MAX_ELEMENTS", -1)
-        fake = half_emulation.autocast_dtypes(module, dtype)
-        monkeypatch.undo()
-        monkeypatch.setattr(half_emulation, "_DtypeProbe", Spy)
+        with monkeypatch.context() as m:
+            m.setattr(half_emulation, "REAL_PROBE_MAX_ELEMENTS", -1)
+            fake = half_emulation.autocast_dtypes(module, dtype)
         assert zero_runs[-1] is False
         assert _by_name(real) == _by_name(fake) and dtype in real.values()
 
