@@ -27,7 +27,7 @@ _WHERE = {
     "check_batch": "checks", "check_compile_flags": "checks", "check_dataloader": "checks",
     "CompileError": "errors", "CompileFailed": "errors",
     "CompileResult": "result", "compile_only": "flow", "exit_code": "result", "load_program": "result", "validate_only": "flow",
-    "learning_rate_from_torch": "optim", "optimizer_spec_from_params": "optim", "optimizer_spec_from_torch": "optim",
+    "group_learning_rates": "optim", "optimizer_spec_from_params": "optim", "optimizer_spec_from_torch": "optim",
     "optimizer_spec_from_config": "optim", "settings_from_config": "settings",
     "CompileSettings": "settings", "settings_from_params": "settings",
     "LossScalingSpec": "spec", "OptimizerSpec": "spec", "ProgramSpec": "spec", "TensorSpec": "spec",

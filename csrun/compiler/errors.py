@@ -38,6 +38,11 @@ class Location:
         return head
 
 
+def at(location: Location | None) -> str:
+    """``file:line: ``, the prefix of every message about a line of the user's (empty when unknown)."""
+    return f"{location.filename}:{location.lineno}: " if location is not None else ""
+
+
 class CompileError(UserError):
     """A problem in the user's model, optimizer, data or settings that stops a compile."""
 

@@ -36,7 +36,7 @@ from csrun.compiler.checks import run_checks
 from csrun.compiler.costs import layer_costs
 from csrun.compiler.errors import CompileError, ConfigError, ModelDoesNotFit, Problem
 from csrun.compiler.locate import caller_location
-from csrun.compiler.optim import learning_rate_from_torch, legacy_type_of, optimizer_spec_from_torch
+from csrun.compiler.optim import group_learning_rates, legacy_type_of, optimizer_spec_from_torch
 from csrun.compiler.placement import Plan, place
 from csrun.compiler.report import human_bytes
 from csrun.compiler.settings import CompileSettings
@@ -50,13 +50,21 @@ from csrun.compiler.wafer import MEMORYX, WSE2, MemoryXSpec, WaferSpec
 
 
 def settings_with_optimizer(settings: CompileSettings, optimizer: torch.optim.Optimizer | None,
-                            model: torch.nn.Module) -> CompileSettings:
-    """Fill the optimizer (and a constant learning rate) from a torch optimizer object when the
-    settings have none (the user-API path; the params path sets them from the YAML)."""
+                            model: torch.nn.Module, *, learning_rates: list[Any] | None = None) -> CompileSettings:
+    """Fill the optimizer (and the learning rate) from a torch optimizer object when the settings
+    have none (the user-API path; the params path sets them from the YAML).
+
+    ``learning_rates``: one legacy learning-rate value per param group (the schedules of torch
+    LR schedulers); without them a schedule in the settings drives every group (as on the CPU),
+    else each group keeps its own constant ``lr``.
+    """
     if optimizer is None or settings.optimizer is not None or legacy_type_of(optimizer) is None:
         return settings
-    lr = settings.learning_rate if settings.learning_rate not in (None, 0.0) else learning_rate_from_torch(optimizer)
-    return replace(settings, optimizer=optimizer_spec_from_torch(optimizer, model=model), learning_rate=lr)
+    if learning_rates is None and settings.learning_rate in (None, 0.0):
+        learning_rates = list(group_learning_rates(optimizer))
+    lr = learning_rates[0] if learning_rates is not None else settings.learning_rate
+    spec = optimizer_spec_from_torch(optimizer, model=model, learning_rates=learning_rates)
+    return replace(settings, optimizer=spec, learning_rate=lr)
 
 
 def _say(console: Console | None, text: str) -> None:

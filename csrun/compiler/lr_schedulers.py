@@ -61,24 +61,29 @@ def check_scheduler(scheduler: Any) -> None:
             check_scheduler(child)
 
 
-def _base_lr(scheduler: Any) -> float:
+def _base_lr(scheduler: Any, group: int) -> float:
     if isinstance(scheduler, (torch_sched.SequentialLR, torch_sched.ChainedScheduler)):
-        bases = {_base_lr(child) for child in scheduler._schedulers}
+        bases = {_base_lr(child, group) for child in scheduler._schedulers}
         if len(bases) != 1:
             raise LRSchedulerNotSupported(f"{type(scheduler).__name__} over schedulers with different base learning "
                                           f"rates ({sorted(bases)})", fix="build every child on the same optimizer")
         return bases.pop()
-    lrs = {float(b.item() if isinstance(b, torch.Tensor) else b) for b in scheduler.base_lrs}
-    if len(lrs) != 1:
-        raise LRSchedulerNotSupported(f"{type(scheduler).__name__} over param groups with different learning rates "
-                                      f"({sorted(lrs)})", fix="give every param group the same lr; the device runs one schedule")
-    return lrs.pop()
+    base = scheduler.base_lrs[group]
+    return float(base.item() if isinstance(base, torch.Tensor) else base)
 
 
-def learning_rate_of(scheduler: Any) -> Any:
-    """The legacy ``learning_rate`` value equal to ``scheduler`` at every step (see the module table)."""
+def learning_rates_of(scheduler: Any) -> list[Any]:
+    """One legacy ``learning_rate`` value per param group of the scheduler's optimizer, each equal
+    to ``scheduler`` at every step for that group (its own base learning rate)."""
     check_scheduler(scheduler)
-    base = _base_lr(scheduler)
+    return [learning_rate_of(scheduler, group=i) for i in range(len(scheduler.optimizer.param_groups))]
+
+
+def learning_rate_of(scheduler: Any, *, group: int = 0) -> Any:
+    """The legacy ``learning_rate`` value equal to ``scheduler`` at every step for param group
+    ``group`` (see the module table)."""
+    check_scheduler(scheduler)
+    base = _base_lr(scheduler, group)
     s = scheduler
     if isinstance(s, torch_sched.StepLR):
         return {"scheduler": "Step", "learning_rate": base, "step_size": int(s.step_size), "gamma": float(s.gamma)}
@@ -104,11 +109,11 @@ def learning_rate_of(scheduler: Any) -> Any:
         segments: list[dict[str, Any]] = []
         starts = [0] + milestones
         for i, child in enumerate(s._schedulers):
-            entry = dict(learning_rate_of(child))
+            entry = dict(learning_rate_of(child, group=group))
             if i < len(milestones):
                 entry["steps"] = starts[i + 1] - starts[i]
             segments.append(entry)
         return segments
     # ChainedScheduler
     return {"scheduler": "Chained", "learning_rate": base,
-            "schedulers": [learning_rate_of(child) for child in s._schedulers]}
+            "schedulers": [learning_rate_of(child, group=group) for child in s._schedulers]}

@@ -9,7 +9,7 @@ each type keeps (for the wafer memory budget).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -83,13 +83,18 @@ def unsupported_optimizer_error(optimizer: torch.optim.Optimizer) -> Unsupported
         location=loc or caller_location())
 
 
-def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.nn.Module | None = None) -> OptimizerSpec:
+def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.nn.Module | None = None,
+                              learning_rates: Sequence[Any] | None = None) -> OptimizerSpec:
     """The :class:`OptimizerSpec` of a torch optimizer object.
 
-    Hyperparameters come from the first param group (``lr`` excluded: see
-    :func:`learning_rate_from_torch`). With several groups that differ, ``param_groups`` lists
-    each group's parameter names (from ``model``; positions ``"#i"`` without it) and the keys
-    that differ. Raises :class:`UnsupportedOptimizer` for a type the system does not have.
+    Hyperparameters come from the first param group (``lr`` excluded: the schedule is the
+    program's ``learning_rate``). ``param_groups`` lists each group's parameter names (from
+    ``model``; positions ``"#i"`` without it) with the hyperparameters that differ from the first
+    group's, and ``learning_rate`` where ``learning_rates`` (one legacy learning-rate value per
+    group) gives the group a schedule of its own; it is empty when one group holds every
+    trainable parameter of ``model``. ``learning_rates`` None: every group follows the program's
+    one schedule (a schedule of the compile settings, which set every group's lr on the CPU too).
+    Raises :class:`UnsupportedOptimizer` for a type the system does not have.
     """
     kind = legacy_type_of(optimizer)
     if kind is None:
@@ -98,29 +103,38 @@ def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.
     if kind == "adam" and groups[0].get("decoupled_weight_decay"):
         kind = "adamw"
     base = {**_hyperparameters(groups[0]), **getattr(type(optimizer), "legacy_hyperparameters", {})}
+    if learning_rates is not None and len(learning_rates) != len(groups):
+        raise ValueError(f"{len(learning_rates)} learning rates for {len(groups)} param groups")  # a csrun bug
+    names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
     param_groups: list[dict[str, Any]] = []
-    if len(groups) > 1:
-        names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
-        index = 0
-        for g in groups:
-            hp = _hyperparameters(g)
-            diff = {k: v for k, v in hp.items() if base.get(k) != v}
-            if float(g["lr"]) != float(groups[0]["lr"]):
-                diff["lr_factor"] = float(g["lr"]) / float(groups[0]["lr"]) if float(groups[0]["lr"]) else 0.0
-            pnames = []
-            for p in g["params"]:
-                pnames.append(names.get(id(p), f"#{index}"))
-                index += 1
-            param_groups.append({"params": pnames, **diff})
-        if all(len(g) == 1 for g in param_groups):
-            param_groups = []
+    index = 0
+    for i, g in enumerate(groups):
+        hp = _hyperparameters(g)
+        entry: dict[str, Any] = {k: v for k, v in hp.items() if base.get(k) != v}
+        if learning_rates is not None and learning_rates[i] != learning_rates[0]:
+            entry["learning_rate"] = learning_rates[i]
+        pnames = []
+        for p in g["params"]:
+            pnames.append(names.get(id(p), f"#{index}"))
+            index += 1
+        param_groups.append({"params": pnames, **entry})
+    if len(param_groups) == 1 and _holds_every_trainable(optimizer, model):
+        param_groups = []
     return OptimizerSpec(type=kind, hyperparameters=base, param_groups=tuple(param_groups))
 
 
-def learning_rate_from_torch(optimizer: torch.optim.Optimizer) -> float:
-    """The constant learning rate of a torch optimizer (its first group's ``lr``)."""
-    lr = optimizer.param_groups[0]["lr"]
-    return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+def _holds_every_trainable(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> bool:
+    """Whether the optimizer's groups hold exactly the model's trainable parameters (without the
+    model: assumed). A parameter the optimizer leaves out is not trained, on the CPU or the device."""
+    if model is None:
+        return True
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return held == {id(p) for p in model.parameters() if p.requires_grad}
+
+
+def group_learning_rates(optimizer: torch.optim.Optimizer) -> list[float]:
+    """Each param group's constant learning rate (its ``lr``), as the program's schedules."""
+    return [float(g["lr"].item() if isinstance(g["lr"], torch.Tensor) else g["lr"]) for g in optimizer.param_groups]
 
 
 def optimizer_spec_from_config(config: OptimizerConfig) -> OptimizerSpec:

@@ -50,13 +50,16 @@ from torch.utils.data import DataLoader
 
 from csrun.compiler.flow import CompileResult, compile_only, exit_code, load_program, settings_with_optimizer
 from csrun.compiler.flow import validate_only as validate_step
+from csrun.compiler.errors import at
+from csrun.compiler.locate import caller_location
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
-from csrun.driver import legacy_state
+from csrun.driver import clipping, legacy_state
+from csrun.driver.clipping import Clip, ClippingError
 from csrun.driver.closures import ClosureRunner, StepClosure
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
-from csrun.driver.step_recording import Recording, StepRecorder, StepValue
+from csrun.driver.step_recording import GRAD_NORM, Recording, StepRecorder, StepValue
 from csrun.driver.schedulers import SchedulerWatch
 from csrun.driver.state_view import StateView
 from csrun.driver.steps import StepOrder
@@ -65,6 +68,7 @@ from csrun.emulator.client import RemoteDevice
 from csrun.emulator.connect import connect_timeout
 from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
+from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
 
 Mode = Literal["train", "eval"]
@@ -167,6 +171,10 @@ class DeviceDriver:
         """Keeps the user's model and optimizer showing the device's state."""
         self.schedulers: SchedulerWatch | None = None
         """The torch LR schedulers built on the wrapped optimizer."""
+        self._step_clip: Clip | None = None
+        """The clipping the open step asked for."""
+        self._marked: list[torch.Tensor] = []
+        """Weights whose ``.grad`` is a :class:`~csrun.driver.clipping.DeviceGradient` (the first step)."""
         self._atexit = False
 
     # -- wrapping the user's objects ----------------------------------------------------------
@@ -181,7 +189,17 @@ class DeviceDriver:
             return driver.forward(*args, **kwargs)
 
         model.forward = forward  # instance attribute: nn.Module.__call__ finds it first
+        own_zero_grad = model.zero_grad
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            driver.order.zero_grad()
+            driver._unmark()
+            own_zero_grad(set_to_none)
+
+        model.zero_grad = zero_grad  # type: ignore[method-assign]  # the device's gradients go too
         self.model = model
+        self._weight_ids = frozenset(id(p) for p in model.parameters())
+        clipping.attach(self)
         self.view.attach_model(model)
         return model
 
@@ -227,12 +245,71 @@ class DeviceDriver:
 
     # -- session and step boundaries ----------------------------------------------------------
 
+    # -- gradient clipping (csrun.driver.clipping.ClipTarget) -----------------------------------
+
+    def owns(self, params: list[torch.Tensor]) -> bool:
+        """Whether ``params`` are the wrapped model's weights."""
+        ids = getattr(self, "_weight_ids", frozenset())
+        return bool(ids) and all(id(p) in ids for p in params)
+
+    def clip_gradients(self, clip: Clip, params: list[torch.Tensor]) -> Any:
+        """``clip_grad_norm_`` / ``clip_grad_value_`` on the model's weights: the open training step
+        clips its gradients on the device (the norm comes back as a device value)."""
+        step = self.open_step
+        where = at(caller_location())
+        if step is None or step.mode != "train" or self.order.phase != "backward":
+            raise ClippingError(f"{where}{clip.kind} outside loss.backward() ... optimizer.step() of a training step: "
+                                "the device clips the gradients its update applies; call it between the two")
+        if self.model is None:
+            raise DeviceUsageError("wrap the model with cbtorch.module(model) before clipping")
+        trainable = {id(p) for p in self.model.parameters() if p.requires_grad}
+        given = {id(p) for p in params if p.requires_grad}
+        if given != trainable:
+            raise ClippingError(f"{where}{clip.kind} on {len(given)} of the model's {len(trainable)} trainable weights: "
+                                "the device clips all of them together; pass model.parameters()")
+        if self._step_clip is not None:
+            raise ClippingError(f"{where}{clip.describe()} after {self._step_clip.describe()} in the same step: the "
+                                "device clips once per step, by norm or by value")
+        self._step_clip = clip
+        if clip.kind == clipping.NORM:
+            return step.recorder.engine_value(GRAD_NORM, torch.Size([]), torch.float32)
+        return None
+
+    def _step_plan(self) -> StepPlan:
+        """At a training step's boundary: what the device runs after the forward (the step order's
+        plan, with the step's clipping); only an update step clips, and not on top of the
+        program's own clipping."""
+        plan = self.order.end_step()
+        clip, self._step_clip = self._step_clip, None
+        if clip is None:
+            return plan
+        if not plan.update:
+            raise ClippingError(f"{at(self.order.backward_at)}{clip.describe()} in a step without optimizer.step(): "
+                                "the device clips the gradients of an update; clip right before optimizer.step()")
+        settings = self.options.settings
+        if settings is not None and (settings.max_gradient_norm or settings.max_gradient_value):
+            raise ClippingError(f"{at(self.order.stepped_at)}{clip.describe()} in the step and clipping in the "
+                                "compile settings (max_gradient_norm / max_gradient_value): give one of them")
+        return replace(plan, **clip.plan_fields())
+
+    def _unmark(self) -> None:
+        if self._marked:
+            clipping.unmark_gradients(self._marked)
+            self._marked = []
+
+    def _on_backward(self) -> None:
+        self.order.backward()
+        step = self.open_step
+        if step is not None and step.recorder.recording_step and self.model is not None:
+            self._marked = clipping.mark_gradients(self.model.parameters())
+
     def begin_session(self, mode: Mode) -> None:
         """Remember the mode; the session's first step is recorded anew (its program is compiled,
         or found in the cache, at its boundary; the loaded one is kept when it is the same step)."""
         self.mode = mode
-        self.order.mode = mode
-        self.order.phase = "idle"
+        self.order.reset(mode)
+        self._step_clip = None
+        self.order.accumulates = self.options.settings is not None and self.options.settings.streaming
         self.recorders[mode].reset()
         if self.model is not None:
             self.model.train(mode == "train")
@@ -263,16 +340,16 @@ class DeviceDriver:
 
     def end_session(self, failed: bool) -> None:
         """Wait for async closures and the device; check the last step was complete."""
+        self._unmark()
         if failed:
             self.open_step = None
             with contextlib.suppress(BaseException):
                 self.closures.settle()
-            self.order.phase = "idle"
+            self.order.reset(self.mode)
             return
         if self.open_step is not None:
             self._dispatch()
         self.closures.settle()
-        self.order.finish()
         if self.device is not None and self.loaded is not None:
             self.device.synchronize()
 
@@ -298,18 +375,20 @@ class DeviceDriver:
         if self._model_forward is None or self.model is None:
             raise DeviceUsageError("wrap the model with cbtorch.module(model) before calling it")
         return step.recorder.model_call(self.model, self._model_forward, args, kwargs,
-                                        on_backward=self.order.backward)
+                                        on_backward=self._on_backward)
 
     def _dispatch(self) -> None:
         """End the open step: compile its recording (the mode's first step), send its inputs (the
         host values the device takes, in the order the step handed them over)."""
         step, self.open_step = self.open_step, None
         assert step is not None  # noqa: S101 - callers check
+        self._unmark()
         recording, values = step.recorder.end()
         if step.calls == 0:
             return  # a batch the loop did not use: nothing to run
         if self.schedulers is not None and self.schedulers.schedulers:
             self.order.check_scheduler_stepped()
+        plan = self._step_plan() if step.mode == "train" else FULL_STEP
         inputs = values.inputs
         if self.options.path.compiles_only:
             self._compile_and_exit(inputs, recording)
@@ -318,7 +397,7 @@ class DeviceDriver:
         loaded = self.loaded
         if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature():
             self._compile_and_load(inputs, step.mode, recording)
-        handle = self._device().submit(inputs)
+        handle = self._device().submit(inputs, plan)
         values.inputs = ()  # the device has them: a step value kept for a later closure must not keep the batch
         values.outputs = handle.result
         if step.mode == "train":
@@ -336,15 +415,15 @@ class DeviceDriver:
         settings = self.options.settings if self.options.settings is not None else CompileSettings()
         if settings.mode in ("train", "eval") and settings.mode != mode:
             settings = replace(settings, mode=mode)
-        scheduled = self.schedulers.learning_rate() if self.schedulers is not None and mode == "train" else None
+        scheduled = self.schedulers.learning_rates() if self.schedulers is not None and mode == "train" else None
         if scheduled is not None:
             if settings.learning_rate not in (None, 0.0):
                 raise DeviceUsageError("a torch LR scheduler and a learning_rate schedule in the compile settings: "
                                        "give one of them")
-            settings = replace(settings, learning_rate=scheduled)
+            settings = replace(settings, learning_rate=scheduled[0])
         if mode == "train" and self.optimizer is not None and self.model is not None:
             try:
-                settings = settings_with_optimizer(settings, self.optimizer, self.model)
+                settings = settings_with_optimizer(settings, self.optimizer, self.model, learning_rates=scheduled)
             except (TypeError, ValueError):
                 pass  # the compiler reports it
         return settings

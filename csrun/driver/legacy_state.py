@@ -123,15 +123,30 @@ def from_device(dev: Mapping[str, Any], model: torch.nn.Module | None, optimizer
         state = {where[n]: _copy(opt_state["state"][i]) for i, n in enumerate(dev.get("param_names", []))
                  if n in where and i in opt_state.get("state", {})}
         groups = _copy(optimizer.state_dict()["param_groups"])
-        dev_groups = opt_state.get("param_groups") or []
-        if dev_groups and "lr" in dev_groups[0]:
-            for g in groups:
-                g["lr"] = dev_groups[0]["lr"]
+        _device_learning_rates(groups, opt_state.get("param_groups") or [], names, dev.get("param_names", []))
         opt_out: dict = {"state": state, "param_groups": groups}
     else:
         opt_out = _copy(opt_state) if opt_state else {}
     return {"model": out_model, "optimizer": opt_out, "amp": dict(dev.get("scaler") or {}),
             "global_step": int(dev.get("global_step", 0))}
+
+
+def _device_learning_rates(groups: list[dict[str, Any]], dev_groups: list[dict[str, Any]], names: list[str],
+                           dev_names: list[str]) -> None:
+    """Each user param group's ``lr`` from the device group holding its first weight (the device's
+    groups number their weights in ``dev_names`` order, group after group)."""
+    group_of: dict[str, int] = {}
+    at = 0
+    for i, g in enumerate(dev_groups):
+        for _ in g.get("params", ()):
+            if at < len(dev_names):
+                group_of[dev_names[at]] = i
+            at += 1
+    for g in groups:
+        first = names[g["params"][0]] if g.get("params") else None
+        i = group_of.get(first, 0) if first is not None else 0
+        if i < len(dev_groups) and "lr" in dev_groups[i]:
+            g["lr"] = dev_groups[i]["lr"]
 
 
 def to_device(state: Mapping[str, Any], template: Mapping[str, Any], model: torch.nn.Module | None,

@@ -28,7 +28,7 @@ import torch
 from torch.optim import lr_scheduler as torch_sched
 
 from csrun.compiler.errors import LRSchedulerNotSupported
-from csrun.compiler.lr_schedulers import check_scheduler, learning_rate_of
+from csrun.compiler.lr_schedulers import check_scheduler, learning_rates_of
 
 _WATCH_ATTR = "_csrun_scheduler_watch"
 _OWN_STEP = "_csrun_own_step"
@@ -78,8 +78,9 @@ class SchedulerWatch:
         children = {id(c) for s in self.schedulers for c in getattr(s, "_schedulers", ())}
         return [s for s in self.schedulers if id(s) not in children]
 
-    def learning_rate(self) -> Any | None:
-        """The legacy ``learning_rate`` the kept schedulers amount to (None when there are none)."""
+    def learning_rates(self) -> list[Any] | None:
+        """The legacy ``learning_rate`` the kept schedulers amount to, one per param group (None
+        when there are none)."""
         top = self.top_level()
         if not top:
             return None
@@ -87,7 +88,7 @@ class SchedulerWatch:
             names = ", ".join(type(s).__name__ for s in top)
             raise LRSchedulerNotSupported(f"{len(top)} schedulers step one optimizer ({names})",
                                           fix="combine them with ChainedScheduler([...]) or SequentialLR([...], milestones)")
-        return learning_rate_of(top[0])
+        return learning_rates_of(top[0])
 
 
 def _install() -> None:

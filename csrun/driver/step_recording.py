@@ -69,7 +69,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.utils._pytree as pytree
 
-from csrun.compiler.errors import Location
+from csrun.compiler.errors import Location, at
 from csrun.compiler.locate import caller_location
 from csrun.emulator.errors import READ_HINT, DeviceTensorReadError
 from csrun.errors import UserError
@@ -82,10 +82,9 @@ class StepChanged(UserError):
     """A step's calls or operations differ from the compiled step's."""
 
     def __init__(self, what: str, *, compiled: str, location: Location | None) -> None:
-        where = f"{location.filename}:{location.lineno}: " if location is not None else ""
         line = f"\n    {location.source_line}" if location is not None and location.source_line else ""
         super().__init__(
-            f"{where}this step differs from the compiled one: {what} (compiled: {compiled}).{line}\n"
+            f"{at(location)}this step differs from the compiled one: {what} (compiled: {compiled}).{line}\n"
             "The system runs the step it compiled on the first batch; make every step of the Session "
             "compute the same thing (the same calls, operations and shapes), or start a new Session.")
         self.location = location
@@ -134,6 +133,20 @@ class Const:
         return bool(torch.equal(a, b))
 
 
+GRAD_NORM = -2
+"""The reference of the gradient norm ``clip_grad_norm_`` returns: a value the program's update
+computes, not its graph (:data:`ENGINE_OUTPUTS`)."""
+
+ENGINE_OUTPUTS = {GRAD_NORM: "grad_norm"}
+"""Step values the engine hands back besides the graph's outputs, by reference."""
+
+
+def _engine_value_used(value: "StepValue") -> StepValueError:
+    return StepValueError(
+        f"{at(caller_location())}the gradient norm exists only after the program's backward and clipping; pass it "
+        "to a step closure (or capture it there) and compute with it there")
+
+
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout,
             type(Ellipsis), torch.Size)
 
@@ -144,6 +157,8 @@ def _template(x: Any) -> Any:
     if isinstance(x, StepValue):
         if x._host:
             return Slot(x._recorder._consume(x))
+        if x._ref < -1:
+            raise _engine_value_used(x)
         return Ref(x._ref)
     if isinstance(x, torch.Tensor):
         return Const(x)
@@ -165,6 +180,8 @@ def _matches(t: Any, x: Any) -> bool:
     if isinstance(x, StepValue):
         if x._host:
             return type(t) is Slot and t.index == x._recorder._consume(x)
+        if x._ref < -1:
+            raise _engine_value_used(x)
         return type(t) is Ref and t.index == x._ref
     if isinstance(x, torch.Tensor):
         return type(t) is Const and t.same_as(Const(x))
@@ -665,6 +682,13 @@ class StepRecorder:
         self._slots.append(value)
         return index
 
+    def engine_value(self, ref: int, shape: torch.Size, dtype: torch.dtype) -> "StepValue":
+        """A device value of the open step that the engine computes besides the graph
+        (:data:`ENGINE_OUTPUTS`), e.g. the gradient norm ``clip_grad_norm_`` returns."""
+        if self._step is None or not self._step.open:
+            raise StepValueError("no step is open (csrun bug)")
+        return StepValue(self, self._step, ref, shape, dtype)
+
     def compiled(self, recording: Recording) -> None:
         """Step 1's recording was compiled: later steps are checked against it."""
         self.recording = recording
@@ -823,7 +847,7 @@ class StepRecorder:
             return value._value  # type: ignore[return-value]
         if step.outputs is None or step.recording is None:
             raise DeviceTensorReadError(f"step {step.number} has not been sent to the device yet: {READ_HINT}")
-        name = step.recording.output_names.get(value._ref)
+        name = step.recording.output_names.get(value._ref) or ENGINE_OUTPUTS.get(value._ref)
         if name is None:
             loc = step.recording.value_lines.get(value._ref)
             where = f" (made at {loc.filename}:{loc.lineno}: {loc.source_line})" if loc is not None else ""

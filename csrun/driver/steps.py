@@ -1,35 +1,62 @@
-"""The order of a training step's pieces on the device.
+"""The order of a training step's pieces on the device, and what each step asks the device to run.
 
 What the loop holds on the device are step values (:mod:`csrun.driver.step_recording`);
 ``loss.backward()`` on one names the loss, and the device runs backward itself.
-:class:`StepOrder` checks that the loop calls the training step's pieces in the usual order,
-as eager PyTorch needs them::
+:class:`StepOrder` checks that the loop calls the training step's pieces in the order eager
+PyTorch needs them::
 
     optimizer.zero_grad()      # here, or after optimizer.step()
     loss = model(batch)
     loss.backward()
     optimizer.step()
 
-and raises :class:`StepOrderError` naming that order otherwise. In eval mode only
-``model(batch)`` belongs in a step.
+and raises :class:`StepOrderError` naming that order otherwise. At each step's boundary
+:meth:`StepOrder.end_step` turns what the step did into the device's
+:class:`~csrun.emulator.step_plan.StepPlan`, so the device runs exactly that:
+
+* ``model(batch)`` alone: the forward, no gradients, no update, the global step stays;
+* ``model(batch)`` and ``loss.backward()`` without ``optimizer.step()``: **gradient
+  accumulation**, the gradients are kept for the next update. Weight-streaming mode runs it, as
+  the system did; pipelined mode refuses it at the ``backward()`` line (the system updated the
+  weights every step there) with the fix;
+* all three: the usual step.
+
+A ``backward()`` onto the gradients of the last update (no ``zero_grad()`` since
+``optimizer.step()``) is refused: eager PyTorch would add the two, which the device does not
+keep. In eval mode only ``model(batch)`` belongs in a step.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from csrun.compiler.errors import Location, at
+from csrun.compiler.locate import caller_location
+from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
 
 ORDER = ("each training step calls, in this order: model(batch), loss.backward(), optimizer.step(); "
          "optimizer.zero_grad() goes before model(batch) or after optimizer.step()")
 
+ACCUMULATION_FIX = ("pipelined mode applies the update every step, as the system did: run it in weight-streaming "
+                    "mode (python-ws, run.py --execution_strategy weight_streaming), where the device accumulates "
+                    "the gradients until optimizer.step(), or train on batches k times larger")
+
 
 Phase = Literal["idle", "forward", "backward", "stepped"]
 """Where the current training step is."""
 
+Gradients = Literal["none", "accumulated", "applied"]
+"""The gradients the device holds after a step: none, accumulated for a later update, or those
+an update used (eager PyTorch keeps them until ``zero_grad()``)."""
+
 
 class StepOrderError(UserError):
     """The loop called forward, backward, step or zero_grad out of order."""
+
+
+class GradientAccumulation(StepOrderError):
+    """``backward()`` without ``optimizer.step()`` in a step, where the device cannot accumulate."""
 
 
 class StepOrder:
@@ -38,49 +65,63 @@ class StepOrder:
     def __init__(self) -> None:
         self.phase: Phase = "idle"
         self.mode: Literal["train", "eval"] = "train"
+        self.accumulates = False
+        """The device accumulates gradients (weight-streaming mode); else accumulation is refused."""
         self.step_number = 0
         """Number of the device step the last forward submitted."""
         self.scheduler_stepped = False
         """``lr_scheduler.step()`` was called in this step."""
+        self.gradients: Gradients = "none"
+        self.zeroed = True
+        """``zero_grad()`` was called since the last ``backward()``."""
+        self.clear_before_backward = True
+        """The current step's ``backward()`` came after a ``zero_grad()``: it starts from no gradients."""
+        self.backward_at: Location | None = None
+        self.stepped_at: Location | None = None
 
-    def _fail(self, what: str) -> None:
-        raise StepOrderError(f"{what}: {ORDER}")
+    def _fail(self, what: str, location: Location | None = None) -> None:
+        raise StepOrderError(f"{at(location or caller_location())}{what}: {ORDER}")
 
     def forward(self, step_number: int) -> None:
-        """``model(batch)`` was sent as device step ``step_number``."""
-        self.check_forward()
+        """``model(batch)`` opened device step ``step_number`` (the previous step has ended)."""
         self.phase = "forward"
         self.step_number = step_number
         self.scheduler_stepped = False
 
-    def check_forward(self) -> None:
-        """Raise if a new forward would be out of order (checked before the batch is sent)."""
-        if self.mode == "train" and self.phase in ("forward", "backward"):
-            missing = "loss.backward() and optimizer.step()" if self.phase == "forward" else "optimizer.step()"
-            self._fail(f"model(batch) was called again before {missing} of the previous step")
-
     def backward(self) -> None:
         """``loss.backward()`` in the current step (the recorder checks it is on a scalar of this step)."""
         if self.mode != "train":
-            raise StepOrderError("loss.backward() in an eval Session: eval steps run the forward only")
+            raise StepOrderError(f"{at(caller_location())}loss.backward() in an eval Session: eval steps run the "
+                                 "forward only")
         if self.phase != "forward":
             self._fail("loss.backward() was called without a new model(batch) before it")
+        if self.gradients == "applied" and not self.zeroed:
+            where = f" at {self.stepped_at.filename}:{self.stepped_at.lineno}" if self.stepped_at else ""
+            raise StepOrderError(
+                f"{at(caller_location())}loss.backward() adds to the gradients of the last optimizer.step(){where}: "
+                "optimizer.zero_grad() (or model.zero_grad()) was not called since, so eager PyTorch would update "
+                f"with their sum, which the device does not keep; {ORDER}")
+        self.backward_at = caller_location()
+        self.clear_before_backward, self.zeroed = self.zeroed, False
         self.phase = "backward"
 
     def optimizer_step(self) -> None:
         """``optimizer.step()``."""
         if self.mode != "train":
-            raise StepOrderError("optimizer.step() in an eval Session: eval steps run the forward only")
+            raise StepOrderError(f"{at(caller_location())}optimizer.step() in an eval Session: eval steps run the "
+                                 "forward only")
         if self.phase != "backward":
             self._fail("optimizer.step() was called before loss.backward()" if self.phase == "forward"
                        else "optimizer.step() was called without model(batch) and loss.backward() before it")
+        self.stepped_at = caller_location()
         self.phase = "stepped"
 
     def scheduler_step(self) -> None:
         """``lr_scheduler.step()``: once per training step, after ``optimizer.step()`` (the device
         computes the learning rate from the global step, so the schedule advances with every step)."""
         if self.mode != "train":
-            raise StepOrderError("lr_scheduler.step() in an eval Session: eval steps run the forward only")
+            raise StepOrderError(f"{at(caller_location())}lr_scheduler.step() in an eval Session: eval steps run the "
+                                 "forward only")
         if self.phase != "stepped":
             self._fail("lr_scheduler.step() was called before optimizer.step(); call it after optimizer.step(), "
                        "once every step")
@@ -92,18 +133,33 @@ class StepOrder:
     def check_scheduler_stepped(self) -> None:
         """At a training step's boundary, with a scheduler: it must have been stepped (every step)."""
         if self.mode == "train" and self.phase == "stepped" and not self.scheduler_stepped:
-            raise StepOrderError("the step ended without lr_scheduler.step(): the device advances the learning "
-                                 "rate every step; call scheduler.step() after optimizer.step() in every step "
-                                 "(a schedule per epoch: give it in steps)")
+            raise StepOrderError(f"{at(self.stepped_at)}the step ended without lr_scheduler.step(): the device advances "
+                                 "the learning rate every step; call scheduler.step() after optimizer.step() in every "
+                                 "step (a schedule per epoch: give it in steps)")
 
     def zero_grad(self) -> None:
-        """``optimizer.zero_grad()``: not between backward and step (it would drop the gradients)."""
+        """``optimizer.zero_grad()`` / ``model.zero_grad()``: not between backward and step (it would
+        drop the gradients the step is about to apply)."""
         if self.phase == "backward":
             self._fail("optimizer.zero_grad() was called between loss.backward() and optimizer.step()")
+        self.zeroed = True
 
-    def finish(self) -> None:
-        """The session ended: the last training step must be complete."""
+    def end_step(self) -> StepPlan:
+        """The training step's boundary: what the device runs after the forward (see the module manual)."""
         phase, self.phase = self.phase, "idle"
-        if self.mode == "train" and phase in ("forward", "backward"):
-            missing = "loss.backward() and optimizer.step()" if phase == "forward" else "optimizer.step()"
-            self._fail(f"the session ended before {missing} of the last step")
+        if phase == "stepped":
+            self.gradients = "applied"
+            return FULL_STEP if self.clear_before_backward else StepPlan(clear_grads=False)
+        if phase == "backward":
+            if not self.accumulates:
+                raise GradientAccumulation(
+                    f"{at(self.backward_at)}gradient accumulation: loss.backward() without optimizer.step() in this "
+                    f"step; {ACCUMULATION_FIX}")
+            self.gradients = "accumulated"
+            return StepPlan(update=False, clear_grads=self.clear_before_backward)
+        return StepPlan(backward=False, update=False, clear_grads=False)
+
+    def reset(self, mode: Literal["train", "eval"]) -> None:
+        """A new Session in ``mode``: no step open (the device's gradients are as they were)."""
+        self.mode = mode
+        self.phase = "idle"

@@ -26,6 +26,7 @@ from csrun.emulator.connect import open_link
 from csrun.emulator.device import Device
 from csrun.emulator.errors import DeviceError, LinkLost, ProtocolError, SpecError, StepFailed, SystemReclaimed
 from csrun.emulator.handles import StepHandle
+from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.emulator.keepalive import PING, KeepAlive
 from csrun.emulator.program import save_program
 from csrun.emulator.tls import ClientTLS, client_tls_from_env
@@ -210,14 +211,17 @@ class RemoteDevice(Device):
         blob = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         self._request("ok", {"op": "load", "spec": spec.to_json()}, [blob]).result()
 
-    def submit(self, batch: Any) -> StepHandle:
+    def submit(self, batch: Any, plan: StepPlan = FULL_STEP) -> StepHandle:
         """Send one step; returns at once unless ``queue_depth`` steps are in flight."""
         self._raise_if_failed()
         self._slots.acquire()
         tensors: list[torch.Tensor] = []
         try:
             encoded = wire.encode(batch, tensors)
-            fut = self._request("step", {"op": "step", "batch": encoded}, tensors)
+            header: dict[str, Any] = {"op": "step", "batch": encoded}
+            if plan != FULL_STEP:
+                header["plan"] = plan.to_json()
+            fut = self._request("step", header, tensors)
         except BaseException:
             self._slots.release()
             raise

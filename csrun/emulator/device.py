@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from csrun.emulator.handles import StepHandle
+from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.program.spec import ProgramSpec
 
 
@@ -33,8 +34,9 @@ class Device(abc.ABC):
         """Load a program (weights come from the program) and build its optimizer and schedule."""
 
     @abc.abstractmethod
-    def submit(self, batch: Any) -> StepHandle:
-        """Queue one step on ``batch`` (a pytree of CPU tensors shaped as captured)."""
+    def submit(self, batch: Any, plan: StepPlan = FULL_STEP) -> StepHandle:
+        """Queue one step on ``batch`` (a pytree of CPU tensors shaped as captured); ``plan``: what
+        a training step runs after the forward (:class:`~csrun.emulator.step_plan.StepPlan`)."""
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from csrun.emulator.device import Device
 from csrun.emulator.engine import Engine, parse_device
 from csrun.emulator.errors import DeviceError, StepFailed
 from csrun.emulator.handles import StepHandle
+from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
 from csrun.program.spec import ProgramSpec
 
@@ -86,7 +87,8 @@ class EmbeddedDevice(Device):
                 if kind == "step":
                     if self._engine is None:
                         raise UserError("no program loaded on the device: load a program before submitting steps")
-                    out = self._engine.run_step(payload, publish=self._publisher(future))
+                    batch, plan = payload
+                    out = self._engine.run_step(batch, publish=self._publisher(future), plan=plan)
                     self._last_step = self._engine.step
                     if not future.done():
                         future.set_result(outputs_to_cpu(out))
@@ -142,7 +144,7 @@ class EmbeddedDevice(Device):
 
         self._call(build)
 
-    def submit(self, batch: Any) -> StepHandle:
+    def submit(self, batch: Any, plan: StepPlan = FULL_STEP) -> StepHandle:
         """Queue a step; waits only while ``queue_depth`` steps are in flight."""
         self._raise_if_failed()
         self._slots.acquire()
@@ -155,7 +157,7 @@ class EmbeddedDevice(Device):
             self._submitted += 1
             number = self._submitted
         fut: "Future[dict[str, torch.Tensor]]" = Future()
-        self._jobs.put(("step", batch, fut, number))
+        self._jobs.put(("step", (batch, plan), fut, number))
         return StepHandle(number, fut)
 
     def state_dict(self) -> dict[str, Any]:

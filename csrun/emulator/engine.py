@@ -32,6 +32,7 @@ from csrun.emulator import (
 )
 from csrun.emulator.errors import SpecError
 from csrun.emulator.lean_step import ScriptedUpdate, lean_step, scripted_update
+from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.program import schedules
 from csrun.program.loss_scaling import (
     INITIAL_LOSS_SCALE,
@@ -274,10 +275,14 @@ class Engine:
         self._unit = torch.ones((), dtype=torch.float32, device=self.device)
         """The backward's initial gradient for a scalar float32 loss (see :func:`_backward`)."""
         self._step = 0  # host mirror of global_step: no device read per step
+        self._holding_grads = False  # gradients kept from a step without an update (accumulation)
         self.optimizer: torch.optim.Optimizer | None = None
         self._lean_step: Callable[[], bool] | None = None  # the update without torch.optim's wrappers
         self._scripted_update: ScriptedUpdate | None = None  # all of it in one TorchScript call (one-group SGD)
         self.schedule: schedules.Schedule | None = None
+        """Group 0's learning-rate schedule (every group's unless :attr:`group_schedules`)."""
+        self.group_schedules: list[schedules.Schedule] | None = None
+        """One schedule per param group, when the groups' learning rates differ."""
         self.scaler: loss_scaling.LossScaler | None = None
         self.max_norm = getattr(spec, "max_gradient_norm", None)
         self.max_value = getattr(spec, "max_gradient_value", None)
@@ -295,14 +300,24 @@ class Engine:
                 min_loss_scale=getattr(ls, "min_loss_scale", MIN_LOSS_SCALE),
                 max_loss_scale=getattr(ls, "max_loss_scale", MAX_LOSS_SCALE),
             )
+            groups = tuple(getattr(opt_spec, "param_groups", ()) or ())
+            self.group_schedules = [schedules.build_schedule(g.get("learning_rate", spec.learning_rate))
+                                    for g in groups] if any("learning_rate" in g for g in groups) else None
             self.optimizer = optimizers.build_optimizer(
-                opt_spec.type, dict(opt_spec.hyperparameters), self.named_params, lr=self.schedule(0)
-            )
+                opt_spec.type, dict(opt_spec.hyperparameters), self.named_params, lr=self._rates(0),
+                param_groups=groups)
             optimizers.preinitialize_state(self.optimizer)
             self._lean_step = lean_step(self.optimizer)
             self._scripted_update = scripted_update(self.optimizer, self.params, self.half_weights)
         # train/eval behaviour (dropout, batch norm) is fixed in the captured graph; the
         # unlifted module refuses .train()/.eval(), so nothing is switched here.
+
+    def _rates(self, step: int) -> float | list[float]:
+        """The learning rate of ``step``: one for every group, or one per group."""
+        if self.group_schedules is not None:
+            return [float(schedule(step)) for schedule in self.group_schedules]
+        assert self.schedule is not None  # noqa: S101 - a train engine has one
+        return self.schedule(step)
 
     def _emulate_half(self, module: torch.fx.GraphModule) -> half_emulation.HalfWeights | None:
         """For float16 / bfloat16 in ``rounding`` mode, rewrite ``module`` to compute on float32
@@ -369,10 +384,15 @@ class Engine:
         if paths != want:
             raise SpecError(f"the batch's structure {paths} is not the captured one {want}")
 
-    def run_step(self, batch: Any, publish: Callable[[dict[str, Any]], None] | None = None) -> dict[str, torch.Tensor]:
+    def run_step(self, batch: Any, publish: Callable[[dict[str, Any]], None] | None = None,
+                 plan: StepPlan = FULL_STEP) -> dict[str, torch.Tensor]:
         """Run one step on ``batch``; returns device tensors: ``loss``, and for training ``lr`` and
         ``loss_scale`` (the values this step used) and ``global_step`` (after it), plus the
         program's extra outputs.
+
+        ``plan`` says what the script's step did after the forward (:class:`StepPlan`): a step
+        without ``backward`` runs the forward alone; one without ``update`` keeps its gradients
+        for a later update (accumulation) and leaves the global step where it is.
 
         Every output is known once the forward has run, so a training step hands them to
         ``publish`` then (extra outputs copied), before the backward pass and the update: whoever
@@ -387,28 +407,39 @@ class Engine:
         opt, schedule, scaler = self.optimizer, self.schedule, self.scaler
         if opt is None or schedule is None or scaler is None:
             raise RuntimeError("train engine without optimizer, schedule or scaler")
-        lr = schedule(self._step)
+        rates = self._rates(self._step)
+        lr = rates[0] if isinstance(rates, list) else rates
         scale = scaler.scale
-        with self._forward_context():
+        with self._forward_context(), torch.set_grad_enabled(plan.backward):
             loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
         loss = loss.float()
         out: dict[str, Any] = {
             "loss": loss.detach(),
             "lr": torch.full((), lr, dtype=torch.float32, device=self.device),
             "loss_scale": torch.full((), scale, dtype=torch.float32, device=self.device),
-            "global_step": self.global_step + 1,
+            "global_step": self.global_step + 1 if plan.update else self.global_step.clone(),
         }
         for k, v in extra.items():  # copied when handed out early: an extra may alias a weight the update changes
             out[k] = (v.detach().clone() if publish is not None else v.detach()) if isinstance(v, torch.Tensor) else v
+        if not plan.backward:
+            return out
         root = loss * scale if scale != 1.0 else loss
-        if publish is not None:
+        clip_norm, clip_value, norm_type = self._clipping(plan)
+        if publish is not None and clip_norm is None:  # clipping by norm: the norm comes out after the update
             publish(out)
+        if plan.clear_grads and self._holding_grads:
+            self._clear_gradients()
         _backward(root, self._unit)
         del loss, extra, root  # the step's graph: its last references (see _backward)
-        if (self._scripted_update is not None and not scaler.dynamic and self.max_norm is None
-                and self.max_value is None):
-            optimizers.set_learning_rate(opt, lr)
+        if not plan.update:
+            if self.half_weights is not None:
+                self.half_weights.gradients_to_masters()
+            self._holding_grads = True
+            return out
+        if self._scripted_update is not None and not scaler.dynamic and clip_norm is None and clip_value is None:
+            optimizers.set_learning_rate(opt, rates)
             if self._scripted_update(1.0 / scale):  # rounding, unscaling, update: no overflow to check
+                self._holding_grads = False
                 self._step += 1
                 self.global_step.add_(1)
                 return out
@@ -416,16 +447,38 @@ class Engine:
             self.half_weights.gradients_to_masters()
         grads = [p.grad for p in self.params if p.grad is not None]
         overflow = scaler.unscale_and_check(grads)
+        total: torch.Tensor | None = None
         if not overflow:
-            loss_scaling.clip_gradients(grads, max_norm=self.max_norm, max_value=self.max_value)
-            optimizers.set_learning_rate(opt, lr)
+            total = loss_scaling.clip_gradients(grads, max_norm=clip_norm, max_value=clip_value, norm_type=norm_type)
+        elif clip_norm and grads:
+            total = loss_scaling.gradient_norm(grads, norm_type)  # not finite: the update is skipped
+        if clip_norm:
+            out["grad_norm"] = total if total is not None else torch.zeros((), device=self.device)
+        if not overflow:
+            optimizers.set_learning_rate(opt, rates)
             if self._lean_step is None or not self._lean_step():
                 opt.step()
-        opt.zero_grad(set_to_none=True)
+        self._clear_gradients()
         scaler.update(overflow)
         self._step += 1
         self.global_step.add_(1)
         return out
+
+    def _clipping(self, plan: StepPlan) -> tuple[float | None, float | None, float]:
+        """This update's clipping: the step's own (``clip_grad_norm_`` / ``clip_grad_value_`` in the
+        loop), else the program's; (max norm, max value, norm type)."""
+        if plan.max_gradient_norm is not None or plan.max_gradient_value is not None:
+            return plan.max_gradient_norm, plan.max_gradient_value, plan.gradient_norm_type
+        return self.max_norm, self.max_value, 2.0
+
+    def _clear_gradients(self) -> None:
+        """Drop every gradient the device holds (the weights' and, with 16-bit emulation, their leaves')."""
+        self._holding_grads = False
+        for p in self.params:
+            p.grad = None
+        if self.half_weights is not None:
+            for leaf in self.half_weights.leaves:
+                leaf.grad = None
 
     def _optimizer_param_names(self) -> list[str]:
         """Parameter names in the order the optimizer state dict numbers them (group by group)."""

@@ -147,15 +147,25 @@ def check_clipping(max_gradient_norm: float | None, max_gradient_value: float | 
                         "(max_gradient_value), not both")
 
 
-def clip_gradients(grads: Sequence[torch.Tensor], *, max_norm: float | None, max_value: float | None) -> None:
-    """Clip unscaled gradients in place by global L2 norm or by value."""
+def gradient_norm(grads: Sequence[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
+    """The total norm of the gradients, as ``torch.nn.utils.clip_grad_norm_`` computes it."""
+    norms = torch._foreach_norm(list(grads), float(norm_type))
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), float(norm_type))
+
+
+def clip_gradients(grads: Sequence[torch.Tensor], *, max_norm: float | None, max_value: float | None,
+                   norm_type: float = 2.0) -> torch.Tensor | None:
+    """Clip unscaled gradients in place by their total norm or by value, as torch's
+    ``clip_grad_norm_`` / ``clip_grad_value_`` do; the total norm (before clipping) when clipping
+    by norm, else None."""
     if not grads:
-        return
+        return None
     if max_value:
         torch._foreach_clamp_min_(list(grads), -float(max_value))
         torch._foreach_clamp_max_(list(grads), float(max_value))
-    if max_norm:
-        norms = torch._foreach_norm(list(grads), 2.0)
-        total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
-        coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-        torch._foreach_mul_(list(grads), coef.to(grads[0].dtype))
+    if not max_norm:
+        return None
+    total = gradient_norm(grads, norm_type)
+    coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(list(grads), coef.to(grads[0].dtype))
+    return total

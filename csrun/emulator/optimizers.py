@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -203,11 +203,16 @@ def build_optimizer(
     hyperparameters: dict[str, Any],
     named_params: Sequence[tuple[str, torch.nn.Parameter]],
     *,
-    lr: float,
+    lr: float | Sequence[float],
+    param_groups: Sequence[Mapping[str, Any]] = (),
 ) -> torch.optim.Optimizer:
-    """Build the optimizer named ``optimizer_type`` over ``named_params`` with initial ``lr``.
+    """Build the optimizer named ``optimizer_type`` over ``named_params`` with initial ``lr``
+    (one per param group, or one for all).
 
-    Raises :class:`SpecError` for an unknown type or keyword (naming the valid ones).
+    ``param_groups`` (the spec's): the torch param groups, each ``{"params": [names], <its own
+    hyperparameters>}`` (``learning_rate`` is the schedule's business, not the optimizer's); a
+    trainable weight no group names is not updated, as in torch. Raises :class:`SpecError` for an
+    unknown type or keyword (naming the valid ones) or a group naming a weight the program lacks.
     """
     name = str(optimizer_type).lower()
     if name not in OPTIMIZERS:
@@ -223,30 +228,65 @@ def build_optimizer(
         exclude = [exclude]
     cls = _class_for(name, hp)
     kwargs = _map_legacy(name, hp)
+    valid = _keywords(cls)
+    _refuse_unknown(name, kwargs, valid)
+    if exclude and param_groups:
+        raise SpecError("optimizer: exclude_from_weight_decay and param_groups both split the weights; give one")
+    groups: list[dict[str, Any]]
+    if param_groups:
+        groups = _groups_by_name(name, param_groups, named_params, valid)
+    elif exclude:
+        decay = [p for n, p in named_params if not any(x in n for x in exclude)]
+        no_decay = [p for n, p in named_params if any(x in n for x in exclude)]
+        groups = [g for g in ({"params": decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    else:
+        groups = [{"params": [p for _, p in named_params]}]
+    rates = [float(lr)] * len(groups) if isinstance(lr, (int, float)) else [float(x) for x in lr]
+    if len(rates) != len(groups):
+        raise SpecError(f"optimizer: {len(rates)} learning rates for {len(groups)} param groups")
+    for group, rate in zip(groups, rates):
+        group["lr"] = rate
+    if name in FOREACH_EXACT and "foreach" in valid and "foreach" not in kwargs:
+        kwargs["foreach"] = True
+    try:
+        return cls(groups, lr=rates[0], **kwargs)  # type: ignore[call-arg]  # cls is a concrete optimizer class, not the base
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"optimizer: {name}: {exc}") from None
+
+
+def _keywords(cls: type[torch.optim.Optimizer]) -> list[str]:
+    """The hyperparameter keywords an optimizer class takes."""
     sig = inspect.signature(cls.__init__)
-    valid = [p for p in sig.parameters if p not in ("self", "params", "lr", "defaults")]
+    return [p for p in sig.parameters if p not in ("self", "params", "lr", "defaults")]
+
+
+def _refuse_unknown(name: str, kwargs: Mapping[str, Any], valid: Sequence[str]) -> None:
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise SpecError(
             f"optimizer: {name} does not take {unknown}; valid keys: {', '.join(valid)} "
             f"(legacy spellings beta1/beta2, weight_decay_rate, ... are mapped)"
         )
-    params = [p for _, p in named_params]
-    if exclude:
-        decay = [p for n, p in named_params if not any(x in n for x in exclude)]
-        no_decay = [p for n, p in named_params if any(x in n for x in exclude)]
-        groups: list[dict[str, Any]] = [{"params": decay}]
-        if no_decay:
-            groups.append({"params": no_decay, "weight_decay": 0.0})
-        target: Any = [g for g in groups if g["params"]]
-    else:
-        target = params
-    if name in FOREACH_EXACT and "foreach" in valid and "foreach" not in kwargs:
-        kwargs["foreach"] = True
-    try:
-        return cls(target, lr=lr, **kwargs)  # type: ignore[call-arg]  # cls is a concrete optimizer class, not the base
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"optimizer: {name}: {exc}") from None
+
+
+def _groups_by_name(name: str, param_groups: Sequence[Mapping[str, Any]],
+                    named_params: Sequence[tuple[str, torch.nn.Parameter]], valid: Sequence[str]) -> list[dict[str, Any]]:
+    """The spec's param groups as torch groups over the program's weights (frozen weights dropped)."""
+    trainable = dict(named_params)
+    groups: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, spec_group in enumerate(param_groups):
+        names = spec_group.get("params")
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            raise SpecError(f"optimizer: param_groups[{i}].params must be a list of weight names")
+        twice = sorted(seen.intersection(names))
+        if twice:
+            raise SpecError(f"optimizer: param_groups[{i}] names {twice} again (a weight belongs to one group)")
+        seen.update(names)
+        own = _map_legacy(name, {k: v for k, v in spec_group.items() if k not in ("params", "learning_rate")})
+        _refuse_unknown(name, own, valid)
+        groups.append({"params": [trainable[n] for n in names if n in trainable], **own})
+    return groups
 
 
 def preinitialize_state(optimizer: torch.optim.Optimizer) -> None:
@@ -299,9 +339,12 @@ def preinitialize_state(optimizer: torch.optim.Optimizer) -> None:
                 val.zero_()
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set every group's learning rate (the schedule's value for this step)."""
-    if not math.isfinite(lr):
-        raise SpecError(f"learning_rate: the schedule gave a non-finite value {lr}")
-    for g in optimizer.param_groups:
-        g["lr"] = lr
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float | Sequence[float]) -> None:
+    """Set the learning rate of every group (one value), or of each group (one per group): the
+    schedules' values for this step."""
+    groups = optimizer.param_groups
+    rates = [lr] * len(groups) if isinstance(lr, (int, float)) else lr
+    for g, rate in zip(groups, rates):
+        if not math.isfinite(rate):
+            raise SpecError(f"learning_rate: the schedule gave a non-finite value {rate}")
+        g["lr"] = rate

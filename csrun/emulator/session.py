@@ -26,6 +26,7 @@ from csrun.emulator.embedded import EmbeddedDevice
 from csrun.emulator.errors import DeviceError, ProtocolError, StepFailed
 from csrun.emulator.guard import WatchedSocket, cut
 from csrun.emulator.program import load_program
+from csrun.emulator.step_plan import StepPlan
 from csrun.errors import UserError
 from csrun.program.spec import ProgramSpec
 
@@ -126,7 +127,8 @@ class Session:
         try:
             if op == "step":
                 batch = wire.decode(header.get("batch"), tensors)
-                self.answers.put(("step", seq, self.device.submit(batch)))
+                plan = StepPlan.from_json(header.get("plan"))
+                self.answers.put(("step", seq, self.device.submit(batch, plan)))
             elif op == "load":
                 spec_text = header.get("spec")
                 if not isinstance(spec_text, str):

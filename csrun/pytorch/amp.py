@@ -13,11 +13,11 @@ scaler does the same with the scaler's settings, which building one hands to the
     cstorch.amp.optimizer_step(loss, optimizer, grad_scaler, max_gradient_norm=1.0)
 
 backward (scaled when a scaler is given), unscale, clip the global norm
-(``max_gradient_norm``) or each element (``max_gradient_value``) with the device's own
-clipping (:func:`csrun.emulator.loss_scaling.clip_gradients`), the optimizer step (skipped on
-an overflow), the scaler's update, then ``optimizer.zero_grad()``: as on the device, one step's
-gradients never reach the next (a loop that zeroes them too is unchanged). On the device the
-clipping goes into the program.
+(``max_gradient_norm``) or each element (``max_gradient_value``) with torch's
+``clip_grad_norm_`` / ``clip_grad_value_`` (on the device the step's clipping:
+:mod:`csrun.driver.clipping`), the optimizer step (skipped on an overflow), the scaler's
+update, then ``optimizer.zero_grad()``: as on the device, one step's gradients never reach the
+next (a loop that zeroes them too is unchanged).
 
 :func:`set_half_dtype` picks the device's 16-bit compute type (``torch.float16``;
 ``torch.bfloat16`` or ``"cbfloat16"`` run as cbfloat16; ``torch.float32`` / None: float32,
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from csrun.compiler.spec import LossScalingSpec
-from csrun.emulator.loss_scaling import check_clipping, clip_gradients
+from csrun.emulator.loss_scaling import check_clipping
 from csrun.errors import UserError
 from csrun.program.loss_scaling import INITIAL_LOSS_SCALE, MAX_LOSS_SCALE, MIN_LOSS_SCALE, STEPS_PER_INCREASE
 from csrun.pytorch.backends import HalfDtype, training_settings, update_settings
@@ -74,9 +74,6 @@ def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_sc
         raise AmpError(f"optimizer_step(grad_scaler=...) needs a cstorch.amp.GradScaler or None, got "
                        f"{type(grad_scaler).__name__}")
     check_clipping(max_gradient_norm, max_gradient_value)
-    settings = training_settings()
-    if (settings.max_gradient_norm, settings.max_gradient_value) != (max_gradient_norm, max_gradient_value):
-        update_settings(max_gradient_norm=max_gradient_norm, max_gradient_value=max_gradient_value)
     clipping = bool(max_gradient_norm or max_gradient_value)
     if grad_scaler is not None:
         grad_scaler.scale(loss).backward()
@@ -84,10 +81,12 @@ def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_sc
             grad_scaler.unscale_(optimizer)
     else:
         loss.backward()
-    if clipping:  # on the device the CPU copies hold no gradients: the program clips
-        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        with torch.no_grad():
-            clip_gradients(grads, max_norm=max_gradient_norm, max_value=max_gradient_value)
+    if clipping:  # looked up now: on the device csrun's, which make it the step's clipping
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if max_gradient_norm:
+            torch.nn.utils.clip_grad_norm_(params, max_gradient_norm)
+        else:
+            torch.nn.utils.clip_grad_value_(params, max_gradient_value)
     if grad_scaler is not None:
         grad_scaler.step(optimizer)
         grad_scaler.update()

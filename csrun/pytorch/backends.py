@@ -9,13 +9,14 @@ process: creating a second one of another kind is refused. :func:`compile` wraps
 with ``cbtorch.module`` (the driver's whole-step capture on the device).
 
 The device's training settings a 2.x script states in Python — the half dtype
-(:func:`csrun.pytorch.amp.set_half_dtype`), the loss scaling (``amp.GradScaler``), clipping
-(``amp.optimizer_step(max_gradient_norm=...)``) and the schedule (``optim.lr_scheduler``) —
-are collected in one :class:`TrainingSettings` (process-wide, so they may be stated before the
+(:func:`csrun.pytorch.amp.set_half_dtype`), the loss scaling (``amp.GradScaler``) and the
+schedule (``optim.lr_scheduler``) — are collected in one :class:`TrainingSettings` (process-wide, so they may be stated before the
 backend exists) and handed to the driver as its :class:`~csrun.compiler.CompileSettings` until
 the first step compiles; a change after that is refused (:class:`SettingsChangedError`): the
 program on the device has them built in. On the CPU nothing is handed over: the eager loop
 applies them itself (:mod:`csrun.pytorch.amp`, :mod:`csrun.pytorch.optim.lr_scheduler`).
+Clipping (``amp.optimizer_step(max_gradient_norm=...)``) is each step's own, as torch's
+``clip_grad_norm_`` in a cbtorch loop is (:mod:`csrun.driver.clipping`).
 """
 
 from __future__ import annotations
@@ -60,10 +61,6 @@ class TrainingSettings:
     """16-bit compute type; None: float32 (``amp.set_half_dtype`` switches mixed precision on)."""
     loss_scaling: LossScalingSpec = field(default_factory=LossScalingSpec)
     """From the last ``amp.GradScaler`` built (default: no scaling)."""
-    max_gradient_norm: float | None = None
-    """From ``amp.optimizer_step(max_gradient_norm=...)``."""
-    max_gradient_value: float | None = None
-    """From ``amp.optimizer_step(max_gradient_value=...)``."""
     learning_rate: Any = 0.0
     """The legacy schedule of the last ``optim.lr_scheduler`` built (0.0: the optimizer's lr)."""
 
@@ -71,7 +68,6 @@ class TrainingSettings:
         """These settings as the compiler takes them (the optimizer comes from the wrapped one)."""
         return CompileSettings(mixed_precision=self.half_dtype is not None,
                                use_cbfloat16=self.half_dtype == "cbfloat16", loss_scaling=self.loss_scaling,
-                               max_gradient_norm=self.max_gradient_norm, max_gradient_value=self.max_gradient_value,
                                learning_rate=self.learning_rate)
 
 

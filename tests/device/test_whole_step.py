@@ -241,6 +241,7 @@ def test_a_changed_step_is_refused_naming_the_line(tmp_path: Path, change: str) 
                         loss = loss + 0.01 * out.abs().mean()  # the other branch
                 loss.backward()
                 optimizer.step()
+                optimizer.zero_grad()
     assert info.value.location is not None and info.value.location.filename == __file__
     assert ("the other loss" if change == "loss" else "the other branch") in str(info.value)
 

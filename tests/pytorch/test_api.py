@@ -50,6 +50,21 @@ def train(backend: Any, executor: cstorch.utils.data.DataExecutor, *, norm: Any 
     return model, opt
 
 
+def _eager_clipped(norms: list[float]) -> torch.nn.Module:
+    """:func:`train`'s loop in plain torch, clipping step i's gradients to ``norms[i]``."""
+    torch.manual_seed(0)
+    model = tiny.Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = tiny.dataset().tensors
+    for i, limit in enumerate(norms):
+        loss = torch.nn.functional.nll_loss(model(x[8 * i:8 * i + 8]), y[8 * i:8 * i + 8])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
 def one_line(exc: pytest.ExceptionInfo[BaseException], *words: str) -> None:
     text = str(exc.value)
     assert "\n" not in text and isinstance(exc.value, UserError), text
@@ -203,9 +218,24 @@ def test_steps_outside_the_loop_and_twice_per_batch_are_refused() -> None:
 
 def test_a_setting_changed_after_the_compile_is_refused(tmp_path: Path) -> None:
     backend = cstorch.backend("CSX", artifact_dir=str(tmp_path))
+
+    def switch(executor: Any) -> None:
+        if executor.step == 3:
+            cstorch.amp.set_half_dtype(torch.float16)
+
     with pytest.raises(UserError) as exc:
-        train(backend, cstorch.utils.data.DataExecutor(loader()), norm=lambda step: 1.0 if step < 3 else 2.0)
-    one_line(exc, "max_gradient_norm changed after the step was compiled")
+        train(backend, cstorch.utils.data.DataExecutor(loader()), on_step=switch)
+    one_line(exc, "half_dtype changed after the step was compiled")
+
+
+@pytest.mark.parametrize("kind", ["CPU", "CSX"])
+def test_clipping_that_changes_between_steps_clips_each_step_as_asked(tmp_path: Path, kind: str) -> None:
+    """optimizer_step's clipping is each step's own (torch's clip_grad_norm_), on the device too."""
+    backend = cstorch.backend(kind, artifact_dir=str(tmp_path))
+    model, _ = train(backend, cstorch.utils.data.DataExecutor(loader()), norm=lambda step: 0.05 if step < 3 else 0.5)
+    reference = _eager_clipped([0.05, 0.05, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    for name, want in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[name], want), name
 
 
 def test_half_dtype_reaches_the_compile_and_bad_ones_are_refused(tmp_path: Path) -> None:
