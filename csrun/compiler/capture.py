@@ -28,6 +28,7 @@ from csrun.compiler.errors import (
     UnsupportedOutput,
 )
 from csrun.compiler.locate import caller_location, definition_location, is_user_file, location_of, user_frame_in_exception
+from csrun.compiler.python_state import forward_changes, in_forward
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec, TensorSpec
 
@@ -100,6 +101,24 @@ def _stand_in(func_name: str, tensor: Any) -> Any:
 
 
 _MISSING = object()
+
+
+@contextlib.contextmanager
+def tensors_put_back(model: torch.nn.Module) -> Any:
+    """Run the model's forward without leaving a trace in its state: buffers and plain tensor
+    attributes (``self.step = torch.tensor(0)``, which torch.export lifts as a constant and
+    mutates for real) get their values back afterwards."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                saved.append((value, value.detach().clone()))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, copy in saved:
+                tensor.copy_(copy)
 
 
 def _tensor_classes() -> list[type]:
@@ -187,7 +206,10 @@ class _ValueReadSpy:
 _SPY_LOCK = threading.Lock()
 
 
-def _error_from_export_failure(exc: BaseException) -> CompileError:
+def _error_from_export_failure(exc: BaseException, *, after_stand_in: bool = False) -> CompileError | None:
+    """The problem for an exception torch.export raised; None for the step's own exception after a
+    value read was answered with a stand-in (``if y.max() < 0: raise ...`` took the ``if`` on a
+    made-up value): it follows from the read already reported, not from the step."""
     loc = user_frame_in_exception(exc)
     text = f"{type(exc).__name__}: {exc}"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -201,11 +223,40 @@ def _error_from_export_failure(exc: BaseException) -> CompileError:
     tracing = module.startswith(("torch._dynamo", "torch.fx", "torch._export", "torch.export", "torch._subclasses")) \
         or "Unsupported" in type(exc).__name__
     if not tracing:
+        if after_stand_in:
+            return None
         return CaptureFailed(f"the step raised {type(exc).__name__} while it was traced: {first}",
                              fix="fix the error in the step; it must first run eagerly on CPU "
                                  "(the csrun_cpu validation run) with this same batch",
                              location=loc or caller_location())
     return CaptureFailed(f"torch.export could not capture the step: {first}", location=loc or caller_location())
+
+
+_SCALAR_READ_OPS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+
+
+def _scalar_decays(program: torch.export.ExportedProgram) -> list[CompileError]:
+    """A tensor of the step decayed to a Python number inside torch (no user ``.item()`` the spy
+    saw): a tensor passed where an op takes a Scalar, e.g. ``addcdiv(..., value=<tensor>)``
+    (seed 002: "Avoid Decaying Traced Tensors to Scalars"). The graph would carry an unbacked
+    symbol, which the program archive refuses and a trace would freeze."""
+    from csrun.compiler.locate import _user_frame_in_message
+
+    found: list[CompileError] = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target not in _SCALAR_READ_OPS:
+            continue
+        users = [getattr(u.target, "__name__", str(u.target)) for u in node.users]
+        loc = _user_frame_in_message(node.meta.get("stack_trace") or "") or caller_location()
+        used = f" (passed to {', '.join(sorted(set(users)))} where it takes a number)" if users else ""
+        problem = TensorToScalar(
+            f"a tensor of the step is turned into a Python number{used}; the system raised 'SyncTensor called "
+            "outside of MarkStep' here", location=loc,
+            fix="pass a Python number there, or compute with tensor operations instead (addcdiv's value: "
+                "x + value * t1 / t2; add's alpha: x + alpha * y)")
+        if not any(p.location == loc for p in found):
+            found.append(problem)
+    return found
 
 
 def _output_names(program: torch.export.ExportedProgram) -> tuple[tuple[str, ...], CompileError | None]:
@@ -251,22 +302,27 @@ def capture(model: torch.nn.Module, batch: Any, *, settings: CompileSettings) ->
     t0 = time.perf_counter()
     err = io.StringIO()
     failed = False
+    assigned: list[Any] = []
     try:
         # torch.export prints the partial graph to stderr when it fails; keep that out of the
         # user's way (the problem list says what matters) and replay stderr on success.
-        with spy, contextlib.redirect_stderr(err):
+        with spy, contextlib.redirect_stderr(err), tensors_put_back(model), in_forward(model) as assigned:
             program = torch.export.export(model, (batch,), strict=False)
     except Exception as exc:  # torch.export reports user problems as many exception types
         failed = True
-        problems.append(_error_from_export_failure(exc))
+        problem = _error_from_export_failure(exc, after_stand_in=bool(spy.problems))
+        if problem is not None:
+            problems.append(problem)
     finally:
         model.train(was_training)
         if not failed and err.getvalue():
             sys.stderr.write(err.getvalue())
     seconds = time.perf_counter() - t0
     problems = spy.problems + [p for p in problems if not any(p.location == q.location for q in spy.problems)]
+    problems += forward_changes(assigned, model)
     outputs: tuple[str, ...] = ()
     if program is not None:
+        problems += _scalar_decays(program)
         outputs, bad = _output_names(program)
         if bad is not None:
             problems.append(UnsupportedOutput(bad.what, location=definition_location(type(model).forward) or caller_location()))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import time
 import types
@@ -52,6 +53,7 @@ from csrun.compiler.flow import CompileResult, compile_only, exit_code, load_pro
 from csrun.compiler.flow import validate_only as validate_step
 from csrun.compiler.errors import at
 from csrun.compiler.locate import caller_location
+from csrun.compiler.python_state import PythonStateWatch
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
 from csrun.driver import clipping, legacy_state
@@ -70,6 +72,8 @@ from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
 from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
+
+log = logging.getLogger("csrun.driver")
 
 Mode = Literal["train", "eval"]
 SessionLoader = Callable[[], "DataLoader | None"]
@@ -161,7 +165,8 @@ class DeviceDriver:
         """Optimizer steps taken (plus a loaded state's)."""
         self.order = StepOrder()
         self.closures = ClosureRunner()
-        self.recorders: dict[Mode, StepRecorder] = {"train": StepRecorder(), "eval": StepRecorder()}
+        self.recorders: dict[Mode, StepRecorder] = {"train": StepRecorder(notice=log.warning),
+                                                    "eval": StepRecorder(notice=log.warning)}
         """One per mode: records the mode's first step, checks the later ones."""
         self.open_step: OpenStep | None = None
         """The step the loop is in (None between steps)."""
@@ -200,6 +205,9 @@ class DeviceDriver:
         self.model = model
         self._weight_ids = frozenset(id(p) for p in model.parameters())
         clipping.attach(self)
+        watch = PythonStateWatch(model)  # from now on, assignments to its Python values are seen
+        for recorder in self.recorders.values():
+            recorder.watch = watch
         self.view.attach_model(model)
         return model
 
@@ -234,7 +242,7 @@ class DeviceDriver:
                     saved.append((obj, name, obj.__dict__.pop(name)))
         forward = self._model_forward
         if self.model is not None and forward is not None:
-            self.model.forward = recording.replay_forward(forward)  # type: ignore[method-assign]
+            self.model.forward = recording.replay_forward(forward, self.model)  # type: ignore[method-assign]
         try:
             yield
         finally:
@@ -342,7 +350,9 @@ class DeviceDriver:
         """Wait for async closures and the device; check the last step was complete."""
         self._unmark()
         if failed:
-            self.open_step = None
+            step, self.open_step = self.open_step, None
+            if step is not None:
+                step.recorder.abandon()  # the user's copies of its batch must not stay values of an open step
             with contextlib.suppress(BaseException):
                 self.closures.settle()
             self.order.reset(self.mode)
@@ -406,6 +416,8 @@ class DeviceDriver:
     def optimizer_step(self) -> None:
         """``optimizer.step()``: checked; counts the global step."""
         self.order.optimizer_step()
+        if self.open_step is not None:
+            self.open_step.recorder.optimizer_stepped()
         self.global_step += 1
 
     # -- compile and load ---------------------------------------------------------------------

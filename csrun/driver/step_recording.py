@@ -69,8 +69,10 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.utils._pytree as pytree
 
+from csrun.compiler.capture import tensors_put_back
 from csrun.compiler.errors import Location, at
 from csrun.compiler.locate import caller_location
+from csrun.compiler.python_state import PythonStateWatch, describe_change
 from csrun.emulator.errors import READ_HINT, DeviceTensorReadError
 from csrun.errors import UserError
 
@@ -132,6 +134,10 @@ class Const:
             return False
         return bool(torch.equal(a, b))
 
+
+UPDATE_MARKER = "__update__"
+"""The output that marks, by its place in the captured graph, where the optimizer's update
+happens in a step that runs the model again after ``optimizer.step()``."""
 
 GRAD_NORM = -2
 """The reference of the gradient norm ``clip_grad_norm_`` returns: a value the program's update
@@ -238,6 +244,33 @@ def _has_refs(t: Any) -> bool:
         return any(_has_refs(v) for v in t)
     if isinstance(t, dict):
         return any(_has_refs(v) for v in t.values())
+    return False
+
+
+def _ref_indices(t: Any) -> Iterator[int]:
+    """The value numbers a template reads."""
+    if isinstance(t, Ref):
+        yield t.index
+    elif isinstance(t, (list, tuple)):
+        for v in t:
+            yield from _ref_indices(v)
+    elif isinstance(t, dict):
+        for v in t.values():
+            yield from _ref_indices(v)
+    elif isinstance(t, slice):
+        yield from _ref_indices((t.start, t.stop, t.step))
+
+
+def _has_slots(t: Any) -> bool:
+    """Whether a template takes a host value (a program input)."""
+    if isinstance(t, Slot):
+        return True
+    if isinstance(t, (list, tuple)):
+        return any(_has_slots(v) for v in t)
+    if isinstance(t, dict):
+        return any(_has_slots(v) for v in t.values())
+    if isinstance(t, slice):
+        return _has_slots((t.start, t.stop, t.step))
     return False
 
 
@@ -354,6 +387,17 @@ class Entry:
     location: Location | None
     plain_kwargs: bool = False
     """The keyword arguments hold no tensor: a later call's are compared with ``==``."""
+    after_update: bool = False
+    """Made after ``optimizer.step()``: it sees the updated weights (the program runs it after the update)."""
+    grad: bool = True
+    """Grad mode was on (under ``torch.no_grad()`` no gradient flows back through its results)."""
+    modes: tuple[bool, ...] | None = None
+    """A model call's module modes: ``training`` of each of ``model.modules()``."""
+    guards: dict[tuple[int, str], Any] | None = None
+    """A model call's Python values: those the script has assigned to the model's modules
+    (:mod:`csrun.compiler.python_state`), as they were when the call was recorded."""
+    guard_names: tuple[str, ...] = ()
+    """``path.attribute = value`` of each guard, for the signature and messages."""
 
     def describe(self) -> str:
         """``name(args)`` as the user would recognise it."""
@@ -375,6 +419,25 @@ class Recording:
     """Values handed back besides the loss: model outputs and what the user held at the end."""
     value_lines: dict[int, Location | None] = field(default_factory=dict)
     _signature: str | None = field(default=None, repr=False)
+    _optional: frozenset[int] | None = field(default=None, repr=False)
+
+    def optional(self) -> frozenset[int]:
+        """Positions of the operations whose results nothing uses: no output, no later entry reads
+        them, not in place, no new input (e.g. the ``detach()`` of a ``loss.detach().item()`` whose
+        read was refused and caught). They change no output, so a later step may leave them out."""
+        if self._optional is None:
+            needed = set(self.output_names)
+            dead: set[int] = set()
+            for pos in range(len(self.entries) - 1, -1, -1):
+                e = self.entries[pos]
+                name = getattr(e.func, "__name__", "")
+                if (e.func is not None and not needed.intersection(e.results) and not name.endswith("_")
+                        and not _has_slots((e.args, e.kwargs))):
+                    dead.add(pos)
+                    continue
+                needed.update(_ref_indices((e.args, e.kwargs)))
+            self._optional = frozenset(dead)
+        return self._optional
 
     def signature(self) -> str:
         """A stable text of the step (calls, operations, constants' digests, loss, kept values):
@@ -384,7 +447,9 @@ class Recording:
         lines = [f"inputs {_describe_meta(tuple(self.inputs))}"]
         for e in self.entries:
             name = "model" if e.func is None else f"{getattr(e.func, '__module__', '')}.{getattr(e.func, '__qualname__', repr(e.func))}"
-            lines.append(f"{name}{_describe(tuple(e.args))}{_describe(e.kwargs)} -> {list(e.results)}")
+            how = (f"{' after update' if e.after_update else ''}{'' if e.grad else ' no_grad'}{_describe_modes(e.modes)}"
+                   f"{' with ' + ', '.join(e.guard_names) if e.guard_names else ''}")
+            lines.append(f"{name}{_describe(tuple(e.args))}{_describe(e.kwargs)} -> {list(e.results)}{how}")
         lines.append(f"loss {self.loss} kept {list(self.kept)}")
         consts = [c for e in self.entries for c in _constants((e.args, e.kwargs))]
         digest = hashlib.sha256()
@@ -404,30 +469,103 @@ class Recording:
             names.setdefault(i, f"v{i}")
         return names
 
-    def replay_forward(self, call_model: Callable[..., Any]) -> Callable[[Any], dict[str, torch.Tensor]]:
+    @property
+    def after_update(self) -> tuple[str, ...]:
+        """Names of the outputs made after ``optimizer.step()`` (the program computes them after the update)."""
+        late = {i for e in self.entries if e.after_update for i in e.results}
+        return tuple(name for i, name in self.output_names.items() if i in late)
+
+    def replay_forward(self, call_model: Callable[..., Any],
+                       model: torch.nn.Module | None = None) -> Callable[[Any], dict[str, torch.Tensor]]:
         """``forward(inputs)`` replaying the step's device part on its inputs (a tuple):
-        ``call_model(*args, **kwargs)`` runs the model's own forward."""
+        ``call_model(*args, **kwargs)`` runs the model's own forward, with ``model``'s modules in
+        the modes of the call. Results made under ``no_grad`` are detached; the first value made
+        after ``optimizer.step()`` is preceded by the :data:`UPDATE_MARKER` output (where the
+        engine splits the program: :mod:`csrun.emulator.update_split`)."""
         entries = list(self.entries)
         names = self.output_names
         n_inputs = len(self.inputs)
+        modules = list(model.modules()) if model is not None else []
+        by_id = {id(m): m for m in modules}
 
         def forward(inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
             slots = list(inputs)
             if len(slots) != n_inputs:
                 raise StepValueError(f"the step has {len(slots)} inputs; the recorded step had {n_inputs}")
             env: dict[int, Any] = {}
+            marker: torch.Tensor | None = None
             for e in entries:
+                if e.after_update and marker is None:
+                    marker = torch.zeros(())  # the update happens here
                 args = _fill(e.args, env.__getitem__, slots)
                 kwargs = _fill(e.kwargs, env.__getitem__, slots)
-                out = call_model(*args, **kwargs) if e.func is None else e.func(*args, **kwargs)
+                if e.func is None:
+                    with _modes_set(modules, e.modes), _values_set(by_id, e.guards):
+                        out = call_model(*args, **kwargs)
+                else:
+                    out = e.func(*args, **kwargs)
                 leaves, _ = flatten_output(out)
+                if not e.grad:
+                    leaves = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
                 env.update(zip(e.results, leaves))
             out = {name: env[i] for i, name in names.items()}
+            if marker is not None:
+                out[UPDATE_MARKER] = marker
             if "loss" not in out:  # an eval step with no scalar loss of its own
                 out["loss"] = torch.zeros((), dtype=torch.float32)
             return out
 
         return forward
+
+
+def _describe_modes(modes: tuple[bool, ...] | None) -> str:
+    if modes is None:
+        return ""
+    if all(modes):
+        return " train"
+    return " eval" if not any(modes) else " modes " + "".join("T" if m else "E" for m in modes)
+
+
+@contextlib.contextmanager
+def _modes_set(modules: list[torch.nn.Module], modes: tuple[bool, ...] | None) -> Iterator[None]:
+    """The modules' ``training`` flags set to ``modes`` for the block (restored after)."""
+    if modes is None or len(modes) != len(modules):
+        yield
+        return
+    saved = [m.training for m in modules]
+    for m, flag in zip(modules, modes):
+        m.training = flag
+    try:
+        yield
+    finally:
+        for m, flag in zip(modules, saved):
+            m.training = flag
+
+
+@contextlib.contextmanager
+def _values_set(by_id: dict[int, torch.nn.Module], guards: dict[tuple[int, str], Any] | None) -> Iterator[None]:
+    """The modules' Python values set to those a call was recorded with, for the block (restored
+    after; set in ``__dict__``, past the watch: this is the replay, not the script)."""
+    if not guards:
+        yield
+        return
+    saved = []
+    for (i, name), value in guards.items():
+        module = by_id.get(i)
+        if module is not None:
+            saved.append((module, name, module.__dict__.get(name, _UNSET)))
+            module.__dict__[name] = value
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            if value is _UNSET:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = value
+
+
+_UNSET: Any = object()
 
 
 # --------------------------------------------------------------------------------------------
@@ -589,15 +727,22 @@ class StepState:
 class StepRecorder:
     """Records step 1 (:class:`Recording`) and checks every later step against it."""
 
-    def __init__(self) -> None:
+    def __init__(self, notice: Callable[[str], None] | None = None) -> None:
+        """``notice``: where the one-line notice of a recompile goes (a Python value changed)."""
+        self.notice = notice or (lambda text: None)
         self.recording: Recording | None = None
         """The compiled step's recording (None until :meth:`compiled` is called)."""
+        self._guard_version = -1
+        self.watch: PythonStateWatch | None = None
+        """The Python values assigned to the model's modules (the driver shares one per model)."""
         self._draft: Recording | None = None
         self._step: StepState | None = None
         self._pos = 0
         self._n = 0
         self._live: list[weakref.ref[StepValue]] = []
         self._on_backward: Callable[[], None] | None = None
+        self._after_update = False
+        self._modules: dict[int, list[torch.nn.Module]] = {}
 
     # -- the step's life ----------------------------------------------------------------------
 
@@ -616,6 +761,7 @@ class StepRecorder:
         if self.step_open:
             raise StepValueError("a new step began before the previous one ended (csrun bug)")
         self._step = StepState(number=number)
+        self._after_update = False
         self._pos = 0
         self._n = 0
         self._live = []
@@ -647,6 +793,9 @@ class StepRecorder:
             recording = draft
         else:
             recording = self.recording  # type: ignore[assignment]
+            optional = recording.optional()
+            while self._pos < len(recording.entries) and self._pos in optional:
+                self._pos += 1  # operations nothing used, left out at the end of this step
             if self._pos != len(recording.entries):
                 missing = recording.entries[self._pos]
                 raise StepChanged("the step ended early", compiled=f"then {missing.describe()}", location=caller_location())
@@ -682,6 +831,16 @@ class StepRecorder:
         self._slots.append(value)
         return index
 
+    def abandon(self) -> None:
+        """The Session failed inside the open step: close it without a recording or inputs. Its
+        host values (the batch and what the loop computed from it alone) become plain readable
+        values, as after any step's boundary; its device values never ran."""
+        if self._step is not None:
+            self._step.open = False
+        self._live = []
+        self._slots = []
+        self._on_backward = None
+
     def engine_value(self, ref: int, shape: torch.Size, dtype: torch.dtype) -> "StepValue":
         """A device value of the open step that the engine computes besides the graph
         (:data:`ENGINE_OUTPUTS`), e.g. the gradient norm ``clip_grad_norm_`` returns."""
@@ -699,6 +858,17 @@ class StepRecorder:
         self.recording = None
         self._draft = None
         self._step = None
+        self._modules = {}
+
+    def optimizer_stepped(self) -> None:
+        """``optimizer.step()`` ran in the open step: what follows sees the updated weights."""
+        self._after_update = True
+
+    def _modes(self, model: torch.nn.Module) -> tuple[bool, ...]:
+        modules = self._modules.get(id(model))
+        if modules is None:
+            modules = self._modules[id(model)] = list(model.modules())
+        return tuple(m.training for m in modules)
 
     # -- calls and operations -----------------------------------------------------------------
 
@@ -710,11 +880,52 @@ class StepRecorder:
         self._require_open("model(...)")
         if on_backward is not None:
             self._on_backward = on_backward
+        modes = self._modes(model)
+        watch = self._watch(model)
+        if self._draft is None and watch.version != self._guard_version:
+            self._check_guards(model, watch)
         if self._draft is not None:
             with _shadow_run(model), torch.no_grad():
                 out = forward(*_values(args), **_values(kwargs))
-            return self._record(None, args, kwargs, out)
-        return self._check(None, args, kwargs)
+            result = self._record(None, args, kwargs, out, modes)
+            entry = self._draft.entries[-1]
+            entry.guards = watch.guards()
+            entry.guard_names = self._guard_names(model, entry.guards)
+            self._guard_version = watch.version
+            return result
+        return self._check(None, args, kwargs, modes)
+
+    def _watch(self, model: torch.nn.Module) -> PythonStateWatch:
+        if self.watch is None:
+            self.watch = PythonStateWatch(model)
+        return self.watch
+
+    def _check_guards(self, model: torch.nn.Module, watch: PythonStateWatch) -> None:
+        """Before a model call of a later step: the Python values the script assigned since the
+        step was recorded must be those of the recorded call here. A changed one recompiles the
+        step (one notice naming the line that changed it), or, in the middle of a step, is refused."""
+        recording = self.recording
+        self._guard_version = watch.version
+        if recording is None or self._pos >= len(recording.entries):
+            return
+        entry = recording.entries[self._pos]
+        if entry.func is not None or entry.guards is None:
+            return
+        change = watch.changed_since(entry.guards)
+        if change is None:
+            return
+        what = describe_change(change, model)
+        if self._pos != 0:
+            raise StepChanged(f"a Python value the model reads changed within the step ({what})",
+                              compiled=entry.describe(), location=caller_location())
+        self.notice(f"{what}: the step depends on it, so it is compiled again (the device runs the step it compiled)")
+        self.recording = None
+        self._draft = Recording()
+
+    def _guard_names(self, model: torch.nn.Module, guards: dict[tuple[int, str], Any]) -> tuple[str, ...]:
+        paths = {id(m): n for n, m in model.named_modules()}
+        return tuple(sorted(f"{paths.get(i, '?')}{'.' if paths.get(i) else ''}{name}={value!r}"
+                            for (i, name), value in guards.items()))
 
     def operation(self, func: Any, name: str, first: StepValue, args: tuple[Any, ...],
                   kwargs: dict[str, Any], device: bool = True) -> Any:
@@ -785,7 +996,8 @@ class StepRecorder:
             raise StepChanged("backward() on another value", compiled="backward() on the loss", location=caller_location())
         return None
 
-    def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    def _record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                modes: tuple[bool, ...] | None = None) -> Any:
         assert self._draft is not None and self._step is not None  # noqa: S101 - internal invariant
         leaves, rebuild = flatten_output(out)
         results, meta, wrapped = [], [], []
@@ -801,13 +1013,15 @@ class StepRecorder:
         kw = _template(kwargs)
         entry = Entry(func=func, args=_template(args), kwargs=kw, results=tuple(results),
                       result_meta=tuple(meta), rebuild=rebuild, location=loc, plain_kwargs=not any(_constants(kw))
-                      and not _has_refs(kw))
+                      and not _has_refs(kw), after_update=self._after_update, grad=torch.is_grad_enabled(),
+                      modes=modes)
         for r in results:
             self._draft.value_lines[r] = loc
         self._draft.entries.append(entry)
         return rebuild(wrapped)
 
-    def _check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               modes: tuple[bool, ...] | None = None) -> Any:
         recording = self.recording
         assert recording is not None and self._step is not None  # noqa: S101 - internal invariant
         if self._pos >= len(recording.entries):
@@ -815,10 +1029,16 @@ class StepRecorder:
             raise StepChanged(f"an extra call {what}(...) after the compiled step's last one", compiled="nothing more",
                               location=caller_location())
         entry = recording.entries[self._pos]
-        if entry.func is not func or not _matches(entry.args, args) or not (
-                entry.kwargs == kwargs if entry.plain_kwargs else _matches(entry.kwargs, kwargs)):
+        optional = recording.optional()
+        while self._pos in optional and self._pos + 1 < len(recording.entries) and not _same_call(entry, func, args, kwargs):
+            self._pos += 1  # an operation nothing used (a caught read's detach()): this step left it out
+            entry = recording.entries[self._pos]
+        if not _same_call(entry, func, args, kwargs):
             name = "model" if func is None else getattr(func, "__name__", repr(func))
             raise StepChanged(f"{name}{_describe(_sketch(tuple(args)))}", compiled=entry.describe(),
+                              location=caller_location())
+        if entry.after_update != self._after_update or entry.grad != torch.is_grad_enabled() or entry.modes != modes:
+            raise StepChanged(_how_it_differs(entry, self._after_update, modes), compiled=entry.describe(),
                               location=caller_location())
         self._pos += 1
         wrapped = []
@@ -855,6 +1075,22 @@ class StepRecorder:
                                "the model's outputs and the values still held when the first step ended; keep a "
                                "reference to it (e.g. pass it to the step closure) in the first step too")
         return step.outputs()[name]
+
+
+def _same_call(entry: Entry, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a live call is the compiled ``entry`` (function, arguments' structure and constants)."""
+    return entry.func is func and _matches(entry.args, args) and (
+        entry.kwargs == kwargs if entry.plain_kwargs else _matches(entry.kwargs, kwargs))
+
+
+def _how_it_differs(entry: Entry, after_update: bool, modes: tuple[bool, ...] | None) -> str:
+    """What differs between a call and the compiled one at its place: update, grad mode or module modes."""
+    if entry.after_update != after_update:
+        return ("this runs after optimizer.step(), on the updated weights" if after_update
+                else "this runs before optimizer.step() (or in a step without it)")
+    if entry.grad != torch.is_grad_enabled():
+        return "this runs with grad mode " + ("on" if torch.is_grad_enabled() else "off (torch.no_grad())")
+    return f"the model is called in{_describe_modes(modes)} mode"
 
 
 def _eval_loss(recording: Recording) -> int | None:
@@ -899,14 +1135,8 @@ def _values(x: Any) -> Any:
 @contextlib.contextmanager
 def _shadow_run(model: torch.nn.Module) -> Iterator[None]:
     """Run the model once on the CPU for shapes only: its buffers and the RNG are restored afterwards."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        with torch.no_grad():
-            for buf, copy in saved:
-                buf.copy_(copy)
+    with tensors_put_back(model), torch.random.fork_rng(devices=[]):
+        yield
 
 
 def value_of(x: Any) -> Any:

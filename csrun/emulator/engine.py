@@ -29,6 +29,7 @@ from csrun.emulator import (
     optimizers,
     precision,
     traced_forward,
+    update_split,
 )
 from csrun.emulator.errors import SpecError
 from csrun.emulator.lean_step import ScriptedUpdate, lean_step, scripted_update
@@ -262,10 +263,12 @@ class Engine:
                             fresh_buffers[id(b)] = b.clone()
                         mod._buffers[name] = fresh_buffers[id(b)]
         self.module = module
+        self._split = update_split.split_at_update(module) if self.training else None
+        """The program cut at its update, when the step ran the model again after it."""
         # the precision the forward's kernels run in: float32 when the graph rounds 16-bit values itself
         self._kernel_precision = "float32" if self.half_weights is not None else self.precision
         self._forward: Callable[[Any], Any] | None = None  # chosen at the first step (_forward_for)
-        self._trace = (traced_forward.trace_mode() == "auto" and self.device.type == "cpu"
+        self._trace = (traced_forward.trace_mode() == "auto" and self.device.type == "cpu" and self._split is None
                        and precision.autocast_dtype(self._kernel_precision) is None)
         if self.half_weights is not None:
             self.half_weights.bind()  # the leaves follow the fresh weights
@@ -392,11 +395,14 @@ class Engine:
 
         ``plan`` says what the script's step did after the forward (:class:`StepPlan`): a step
         without ``backward`` runs the forward alone; one without ``update`` keeps its gradients
-        for a later update (accumulation) and leaves the global step where it is.
+        for a later update (accumulation) and leaves the global step where it is; its clipping
+        is this update's. A program the step ran the model in again after the update
+        (:mod:`~csrun.emulator.update_split`) computes those outputs after the update.
 
         Every output is known once the forward has run, so a training step hands them to
         ``publish`` then (extra outputs copied), before the backward pass and the update: whoever
-        waits for the values need not wait for the update too.
+        waits for the values need not wait for the update too (unless an output comes after the
+        update: the gradient norm of clipping, or values of the program's second part).
         """
         inputs = self._to_device(batch)
         if not self.training:
@@ -404,45 +410,62 @@ class Engine:
                 loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
             return {"loss": loss.detach().float(), **{k: v.detach() if isinstance(v, torch.Tensor) else v
                                                       for k, v in extra.items()}}
-        opt, schedule, scaler = self.optimizer, self.schedule, self.scaler
-        if opt is None or schedule is None or scaler is None:
+        scaler = self.scaler
+        if self.optimizer is None or self.schedule is None or scaler is None:
             raise RuntimeError("train engine without optimizer, schedule or scaler")
         rates = self._rates(self._step)
-        lr = rates[0] if isinstance(rates, list) else rates
         scale = scaler.scale
+        carried: list[Any] = []
         with self._forward_context(), torch.set_grad_enabled(plan.backward):
-            loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
+            if self._split is None:
+                loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
+            else:
+                first, carried = self._split.run_before(inputs)
+                loss, extra = _split_outputs(first)
         loss = loss.float()
         out: dict[str, Any] = {
             "loss": loss.detach(),
-            "lr": torch.full((), lr, dtype=torch.float32, device=self.device),
+            "lr": torch.full((), rates[0] if isinstance(rates, list) else rates, dtype=torch.float32,
+                             device=self.device),
             "loss_scale": torch.full((), scale, dtype=torch.float32, device=self.device),
             "global_step": self.global_step + 1 if plan.update else self.global_step.clone(),
         }
         for k, v in extra.items():  # copied when handed out early: an extra may alias a weight the update changes
             out[k] = (v.detach().clone() if publish is not None else v.detach()) if isinstance(v, torch.Tensor) else v
-        if not plan.backward:
-            return out
-        root = loss * scale if scale != 1.0 else loss
-        clip_norm, clip_value, norm_type = self._clipping(plan)
-        if publish is not None and clip_norm is None:  # clipping by norm: the norm comes out after the update
+        del extra
+        if plan.backward:
+            early = publish if self._split is None and self._clipping(plan)[0] is None else None
+            self._backward_and_update(loss * scale if scale != 1.0 else loss, out, plan, rates, early)
+        del loss
+        if self._split is not None:
+            with self._forward_context():
+                out.update(self._split.run_after(inputs, carried))
+        return out
+
+    def _backward_and_update(self, root: torch.Tensor, out: dict[str, Any], plan: StepPlan,
+                             rates: float | list[float], publish: Callable[[dict[str, Any]], None] | None) -> None:
+        """The backward of the scaled loss ``root`` and, when ``plan`` says so, the update (with
+        the unscaling, clipping and loss-scale update); ``publish`` hands ``out`` over first."""
+        opt, scaler = self.optimizer, self.scaler
+        assert opt is not None and scaler is not None  # noqa: S101 - a train engine has them
+        if publish is not None:
             publish(out)
         if plan.clear_grads and self._holding_grads:
             self._clear_gradients()
         _backward(root, self._unit)
-        del loss, extra, root  # the step's graph: its last references (see _backward)
+        del root  # the step's graph: its last reference here (see _backward)
         if not plan.update:
             if self.half_weights is not None:
                 self.half_weights.gradients_to_masters()
             self._holding_grads = True
-            return out
+            return
+        clip_norm, clip_value, norm_type = self._clipping(plan)
         if self._scripted_update is not None and not scaler.dynamic and clip_norm is None and clip_value is None:
             optimizers.set_learning_rate(opt, rates)
-            if self._scripted_update(1.0 / scale):  # rounding, unscaling, update: no overflow to check
+            if self._scripted_update(1.0 / scaler.scale):  # rounding, unscaling, update: no overflow to check
                 self._holding_grads = False
-                self._step += 1
-                self.global_step.add_(1)
-                return out
+                self._advance()
+                return
         if self.half_weights is not None:
             self.half_weights.gradients_to_masters()
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -460,9 +483,12 @@ class Engine:
                 opt.step()
         self._clear_gradients()
         scaler.update(overflow)
+        self._advance()
+
+    def _advance(self) -> None:
+        """One more update: the global step."""
         self._step += 1
         self.global_step.add_(1)
-        return out
 
     def _clipping(self, plan: StepPlan) -> tuple[float | None, float | None, float]:
         """This update's clipping: the step's own (``clip_grad_norm_`` / ``clip_grad_value_`` in the

@@ -44,6 +44,9 @@ from csrun.emulator.torchscript import unoptimized
 log = logging.getLogger("csrun.emulator")
 
 ENV = "CSRUN_ENGINE_TRACE"
+_SCALAR_READS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+"""A trace records the number such an op returned on the first batch as a constant; the check
+on that same batch cannot see it."""
 MODES = ("auto", "off")
 
 
@@ -149,6 +152,8 @@ class TracedForward:
         leaves, in_spec = pytree.tree_flatten(batch)
         if not all(isinstance(x, torch.Tensor) for x in leaves):
             raise TypeError("a batch leaf is not a tensor")
+        if any(node.op == "call_function" and node.target in _SCALAR_READS for node in module.graph.nodes):
+            raise TypeError("the graph reads a tensor's value as a number (aten.item): a trace would freeze it")
         slots = _state_slots(module)
         n = len(leaves)
         runs: list[tuple[tuple[torch.Tensor, ...], pytree.TreeSpec]] = []
