@@ -65,6 +65,7 @@ from csrun.driver.step_recording import GRAD_NORM, Recording, StepRecorder, Step
 from csrun.driver.schedulers import SchedulerWatch
 from csrun.driver.state_view import StateView
 from csrun.driver.steps import StepOrder
+from csrun.driver.verify import StepCheck, StepFacts, draws_random
 from csrun.emulator.auth_token import client_token
 from csrun.emulator.client import RemoteDevice
 from csrun.emulator.connect import connect_timeout
@@ -179,6 +180,15 @@ class DeviceDriver:
         self._step_clip: Clip | None = None
         """The clipping the open step asked for."""
         self._marked: list[torch.Tensor] = []
+        self._weight_ids: frozenset[int] = frozenset()
+        """The wrapped model's weights (clipping calls on them are the step's)."""
+        self._verify_left = 0
+        """Steps of the loaded program still to check against eager PyTorch (:mod:`csrun.driver.verify`)."""
+        self._random = False
+        """The loaded program draws random numbers."""
+        self._step_rates: list[float] | None = None
+        """Each group's learning rate when the open step called ``optimizer.step()`` (while checking)."""
+        self._skip_notices: set[str] = set()
         """Weights whose ``.grad`` is a :class:`~csrun.driver.clipping.DeviceGradient` (the first step)."""
         self._atexit = False
 
@@ -257,8 +267,7 @@ class DeviceDriver:
 
     def owns(self, params: list[torch.Tensor]) -> bool:
         """Whether ``params`` are the wrapped model's weights."""
-        ids = getattr(self, "_weight_ids", frozenset())
-        return bool(ids) and all(id(p) in ids for p in params)
+        return bool(self._weight_ids) and all(id(p) in self._weight_ids for p in params)
 
     def clip_gradients(self, clip: Clip, params: list[torch.Tensor]) -> Any:
         """``clip_grad_norm_`` / ``clip_grad_value_`` on the model's weights: the open training step
@@ -407,17 +416,57 @@ class DeviceDriver:
         loaded = self.loaded
         if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature():
             self._compile_and_load(inputs, step.mode, recording)
+        check = self._start_check(step, recording, plan, inputs) if self._verify_left > 0 else None
         handle = self._device().submit(inputs, plan)
+        if check is not None:
+            self._verify_left -= 1
+            device = self._device()
+            device.synchronize()
+            with self.view.internal():
+                check.finish(handle.result(), device.state_dict())
         values.inputs = ()  # the device has them: a step value kept for a later closure must not keep the batch
         values.outputs = handle.result
         if step.mode == "train":
             self.view.stale = True
+
+    def _start_check(self, step: OpenStep, recording: Recording, plan: StepPlan,
+                     inputs: tuple[torch.Tensor, ...]) -> StepCheck | None:
+        """A check of this step against eager PyTorch (the device's state before it fetched now),
+        or None when this step cannot be checked (a notice says why, once)."""
+        device = self._device()
+        reason = ""
+        if self._random and not (isinstance(device, EmbeddedDevice) and device.device.type == "cpu"):
+            reason = "it draws random numbers (dropout), which only the in-process CPU emulator draws as eager does"
+        elif step.mode == "train" and plan.backward and not plan.clear_grads:
+            reason = "it adds to gradients earlier steps accumulated, which are not part of the device's state"
+        model, loaded = self.model, self.loaded
+        if model is None or loaded is None:
+            reason = reason or "the model is not wrapped"
+        if reason or model is None or loaded is None:
+            self._verify_left = 0
+            if reason not in self._skip_notices:
+                self._skip_notices.add(reason)
+                log.warning("step %d is not checked against eager PyTorch: %s", self.steps_begun, reason)
+            return None
+        settings = self.options.settings
+        schedule = settings.learning_rate if settings is not None and settings.learning_rate not in (None, 0, 0.0) \
+            else None
+        facts = StepFacts(number=self.steps_begun, mode=step.mode, recording=recording, inputs=inputs, plan=plan,
+                          precision=loaded.spec.precision, learning_rates=self._step_rates, schedule=schedule,
+                          settings_clip=(settings.max_gradient_norm, settings.max_gradient_value) if settings else
+                          (None, None), stepped_at=self.order.stepped_at)
+        self._step_rates = None
+        with self.view.internal():
+            return StepCheck(facts, model, self.optimizer if step.mode == "train" else None,
+                             device.state_dict(), self.view)
 
     def optimizer_step(self) -> None:
         """``optimizer.step()``: checked; counts the global step."""
         self.order.optimizer_step()
         if self.open_step is not None:
             self.open_step.recorder.optimizer_stepped()
+        if self._verify_left > 0 and self.optimizer is not None:
+            self._step_rates = [float(g["lr"]) for g in self.optimizer.param_groups]
         self.global_step += 1
 
     # -- compile and load ---------------------------------------------------------------------
@@ -481,6 +530,8 @@ class DeviceDriver:
                 raise RuntimeError("csrun: a cache hit without its directory or the model")  # a csrun bug
             program, _ = load_program(directory, weights=model.state_dict())
         loaded = LoadedProgram(mode=mode, spec=spec, step=recording.signature())
+        self._verify_left = self.options.verify_steps if self.options.verify_steps is not None else 0
+        self._random = draws_random(program)
         t0 = time.perf_counter()
         device.load(program, loaded.spec)
         self.loaded = loaded

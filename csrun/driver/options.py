@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from csrun.compiler.settings import CompileSettings
 from csrun.driver.run_path import RunPath
+from csrun.errors import UserError
+
+VERIFY_ENV = "CSRUN_VERIFY_STEPS"
+DEFAULT_VERIFY_STEPS = 1
+"""The first step of every program is checked against eager PyTorch unless told otherwise."""
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +34,9 @@ class DeviceOptions:
     """Steps the chief may run ahead of the device."""
     job_id: str = ""
     """The job id a remote device is told (the Slurm job id; the driver uses the pid when empty)."""
+    verify_steps: int | None = None
+    """How many steps of each program the device checks against eager PyTorch (None:
+    ``CSRUN_VERIFY_STEPS``, default 1; :mod:`csrun.driver.verify`)."""
 
     @property
     def cs_ip(self) -> str | None:
@@ -51,3 +62,22 @@ class DeviceOptions:
     def uses_device(self) -> bool:
         """True when the chief compiles for (and maybe runs on) the device."""
         return not self.path.on_cpu
+
+
+def verify_steps(given: int | None, environ: Mapping[str, str] | None = None) -> int:
+    """How many steps of each program to check: ``given``, else ``CSRUN_VERIFY_STEPS``, else 1."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 0:
+            raise UserError(f"verify_steps={given!r}: give a number of steps >= 0 (0 switches the check off)")
+        return given
+    text = (os.environ if environ is None else environ).get(VERIFY_ENV, "").strip()
+    if not text:
+        return DEFAULT_VERIFY_STEPS
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UserError(f"{VERIFY_ENV}={text!r} is not a number of steps >= 0 (how many steps of each program the "
+                        f"device checks against eager PyTorch; default {DEFAULT_VERIFY_STEPS}, 0 switches it off)")
+    return value

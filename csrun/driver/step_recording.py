@@ -477,45 +477,60 @@ class Recording:
 
     def replay_forward(self, call_model: Callable[..., Any],
                        model: torch.nn.Module | None = None) -> Callable[[Any], dict[str, torch.Tensor]]:
-        """``forward(inputs)`` replaying the step's device part on its inputs (a tuple):
-        ``call_model(*args, **kwargs)`` runs the model's own forward, with ``model``'s modules in
-        the modes of the call. Results made under ``no_grad`` are detached; the first value made
-        after ``optimizer.step()`` is preceded by the :data:`UPDATE_MARKER` output (where the
-        engine splits the program: :mod:`csrun.emulator.update_split`)."""
-        entries = list(self.entries)
-        names = self.output_names
+        """``forward(inputs)`` replaying the step's device part on its inputs (a tuple), as
+        :meth:`run` does; the first value made after ``optimizer.step()`` is preceded by the
+        :data:`UPDATE_MARKER` output (where the engine splits the program:
+        :mod:`csrun.emulator.update_split`)."""
         n_inputs = len(self.inputs)
-        modules = list(model.modules()) if model is not None else []
-        by_id = {id(m): m for m in modules}
+        split = any(e.after_update for e in self.entries)
 
         def forward(inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
-            slots = list(inputs)
-            if len(slots) != n_inputs:
-                raise StepValueError(f"the step has {len(slots)} inputs; the recorded step had {n_inputs}")
-            env: dict[int, Any] = {}
-            marker: torch.Tensor | None = None
-            for e in entries:
-                if e.after_update and marker is None:
-                    marker = torch.zeros(())  # the update happens here
-                args = _fill(e.args, env.__getitem__, slots)
-                kwargs = _fill(e.kwargs, env.__getitem__, slots)
-                if e.func is None:
-                    with _modes_set(modules, e.modes), _values_set(by_id, e.guards):
-                        out = call_model(*args, **kwargs)
-                else:
-                    out = e.func(*args, **kwargs)
-                leaves, _ = flatten_output(out)
-                if not e.grad:
-                    leaves = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
-                env.update(zip(e.results, leaves))
-            out = {name: env[i] for i, name in names.items()}
-            if marker is not None:
-                out[UPDATE_MARKER] = marker
+            if len(inputs) != n_inputs:
+                raise StepValueError(f"the step has {len(inputs)} inputs; the recorded step had {n_inputs}")
+            marker: list[torch.Tensor] = []
+            out = self.run(call_model, model, list(inputs),
+                           at_update=lambda env: marker.append(torch.zeros(())) if split else None)
+            if marker:
+                out[UPDATE_MARKER] = marker[0]
             if "loss" not in out:  # an eval step with no scalar loss of its own
                 out["loss"] = torch.zeros((), dtype=torch.float32)
             return out
 
         return forward
+
+    def run(self, call_model: Callable[..., Any], model: torch.nn.Module | None, inputs: list[Any], *,
+            at_update: Callable[[dict[int, Any]], Any] = lambda env: None,
+            recorded_on: torch.nn.Module | None = None) -> dict[str, Any]:
+        """Run the step's calls and operations on ``inputs`` (the program's inputs), eagerly:
+        ``call_model(*args, **kwargs)`` runs the model's own forward, with ``model``'s modules in
+        the modes and Python values of the recorded call (``recorded_on``: the model the step was
+        recorded on, when ``model`` is a copy of it); results made under ``no_grad`` are
+        detached; ``at_update(values)`` is called where ``optimizer.step()`` was, before the first
+        value made after it (at the end when nothing came after it). Returns the outputs by name
+        (``loss``, ``v<i>``)."""
+        modules = list(model.modules()) if model is not None else []
+        originals = list(recorded_on.modules()) if recorded_on is not None else modules
+        by_id = {id(o): m for o, m in zip(originals, modules)}
+        env: dict[int, Any] = {}
+        updated = False
+        for e in self.entries:
+            if e.after_update and not updated:
+                at_update(env)
+                updated = True
+            args = _fill(e.args, env.__getitem__, inputs)
+            kwargs = _fill(e.kwargs, env.__getitem__, inputs)
+            if e.func is None:
+                with _modes_set(modules, e.modes), _values_set(by_id, e.guards):
+                    out = call_model(*args, **kwargs)
+            else:
+                out = e.func(*args, **kwargs)
+            leaves, _ = flatten_output(out)
+            if not e.grad:
+                leaves = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
+            env.update(zip(e.results, leaves))
+        if not updated:
+            at_update(env)
+        return {name: env[i] for i, name in self.output_names.items()}
 
 
 def _describe_modes(modes: tuple[bool, ...] | None) -> str:

@@ -85,7 +85,7 @@ def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_sc
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if max_gradient_norm:
             torch.nn.utils.clip_grad_norm_(params, max_gradient_norm)
-        else:
+        elif max_gradient_value:
             torch.nn.utils.clip_grad_value_(params, max_gradient_value)
     if grad_scaler is not None:
         grad_scaler.step(optimizer)

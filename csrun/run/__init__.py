@@ -62,6 +62,10 @@ params are checked):
 ``--checkpoint_steps N``               ``checkpoint_steps`` (same checks; a bad value is one line
                                        naming the flag, exit 2; ``params_<mode>.yaml`` records the
                                        value that ran)
+``--verify_steps N``                   ``runconfig.verify_steps``: the device checks the first N steps of
+                                       each program against eager PyTorch from the same state and batch
+                                       (default ``$CSRUN_VERIFY_STEPS``, else 1; 0: off;
+                                       :mod:`csrun.driver.verify`)
 ``--version``                          print ``run.py (csrun X.Y.Z)``
 (a model's own flags)                  ``run(..., extra_args_parser_fn=f)``: ``f()`` returns parser(s)
                                        (``add_help=False``) parsed with these; the values reach the

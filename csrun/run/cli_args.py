@@ -38,7 +38,7 @@ from csrun.typed_config import ConfigError
 
 RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "model_dir", "checkpoint_path",
                    "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume",
-                   "max_steps", "eval_steps", "checkpoint_steps")
+                   "max_steps", "eval_steps", "checkpoint_steps", "verify_steps")
 """Flags that overwrite the ``runconfig`` key of the same name."""
 
 
@@ -89,6 +89,9 @@ def _add_run_flags(p: argparse.ArgumentParser, prog: str) -> None:
     p.add_argument("--eval_steps", type=int, default=None, metavar="N", help="runconfig.eval_steps: eval batches to run")
     p.add_argument("--checkpoint_steps", type=int, default=None, metavar="N",
                    help="runconfig.checkpoint_steps: save every this many steps (0: only at the end)")
+    p.add_argument("--verify_steps", type=int, default=None, metavar="N",
+                   help="runconfig.verify_steps: check the first N steps of each program against eager PyTorch "
+                        "(0: off; default $CSRUN_VERIFY_STEPS, else 1)")
     for action in p._actions:  # unset, a runconfig flag takes the YAML's value: say so once
         if action.dest in RUNCONFIG_FLAGS and action.default is None and action.nargs != 0 and not action.required \
                 and action.help and "default" not in action.help:
@@ -170,7 +173,7 @@ def load_params(args: argparse.Namespace, *, model_config: type[ModelConfig] = M
     return params
 
 
-STEP_FLAGS = ("max_steps", "eval_steps", "checkpoint_steps")
+STEP_FLAGS = ("max_steps", "eval_steps", "checkpoint_steps", "verify_steps")
 """Flags for ``runconfig`` step counts: a bad value is reported under the flag's name."""
 
 

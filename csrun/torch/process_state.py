@@ -14,7 +14,9 @@ from typing import Any
 
 from csrun.cluster import ClusterInfo, allocation_notice, cluster_info
 from csrun.compiler.settings import CompileSettings
+from csrun.driver.options import verify_steps as checked_verify_steps
 from csrun.driver.run_path import RunFlags, RunPathError, decide
+from csrun.errors import UserError
 from csrun.stream.receiver import Receiver
 from csrun.stream.wire import mpi
 from csrun.torch.gc_policy import hold_setup_objects, release_setup_objects
@@ -66,7 +68,8 @@ def state() -> State:
 
 def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate_only: bool = False,
                settings: CompileSettings | None = None, model_dir: str | None = None, compile_dir: str | None = None,
-               device: str = "cpu", queue_depth: int = 2, backend: Backend | None = None, cpu: bool = False) -> State:
+               device: str = "cpu", queue_depth: int = 2, backend: Backend | None = None, cpu: bool = False,
+               verify_steps: int | None = None) -> State:
     """Set up this task: its role from the launcher's environment and, on the chief, the path.
 
     The path (device or CPU) follows the table in :mod:`csrun.driver.run_path`, from the
@@ -78,7 +81,9 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
     training semantics when ``settings`` (a :class:`~csrun.compiler.CompileSettings`) are
     given. ``cpu=True`` forces eager CPU over ``CS_IP`` and the launcher (run.py's ``--cpu``,
     ``cstorch.backend("CPU")``). ``model_dir``/``compile_dir`` say where compiles go; ``device`` is the embedded
-    emulator's torch device; ``queue_depth`` how many steps the chief may run ahead.
+    emulator's torch device; ``queue_depth`` how many steps the chief may run ahead;
+    ``verify_steps`` how many steps of each program the device checks against eager PyTorch
+    (:mod:`csrun.driver.verify`; None: ``CSRUN_VERIFY_STEPS``, default 1).
     ``backend`` installs a backend directly (tests, tools).
     """
     st = state()
@@ -89,8 +94,12 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
         raise InitializeError(str(exc)) from None
     if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
         raise InitializeError(f"queue_depth must be a positive integer, got {queue_depth!r}")
+    try:
+        steps = checked_verify_steps(verify_steps)
+    except UserError as exc:
+        raise InitializeError(str(exc)) from None
     st.options = DeviceOptions(path=path, settings=settings, model_dir=model_dir, compile_dir=compile_dir,
-                               device=device, queue_depth=queue_depth, job_id=st.info.job_id)
+                               device=device, queue_depth=queue_depth, job_id=st.info.job_id, verify_steps=steps)
     if backend is not None:
         st.backend = backend
     elif st.info.is_chief and st.options.uses_device:

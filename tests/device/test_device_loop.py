@@ -84,11 +84,13 @@ def test_an_async_closure_error_surfaces_at_the_next_boundary(model_dir: str) ->
     assert threads and threads[0] != threading.main_thread().name
 
 
-@pytest.mark.parametrize("cs_ip,calls", [(None, 5), ("embedded", 2)])
+@pytest.mark.parametrize("cs_ip,verify,calls", [(None, "1", 5), ("embedded", "0", 2), ("embedded", "1", 3)])
 def test_the_python_forward_runs_in_the_first_step_only_on_the_device_every_step_on_the_cpu(
-        model_dir: str, cs_ip, calls) -> None:
+        model_dir: str, cs_ip, verify: str, calls: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the device the forward runs twice in step 1 (recorded on the CPU for shapes, then
-    captured by torch.export) and never again; on the CPU once per step."""
+    captured by torch.export), a third time when step 1 is checked against eager PyTorch (on
+    a copy of the model: csrun.driver.verify), and never again; on the CPU once per step."""
+    monkeypatch.setenv("CSRUN_VERIFY_STEPS", verify)
     helpers.FORWARD_CALLS[0] = 0
     train(cs_ip, steps=5, model_dir=model_dir)
     assert helpers.FORWARD_CALLS[0] == calls
