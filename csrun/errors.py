@@ -53,11 +53,20 @@ class ConfigError(UserError):
 
     def render(self) -> str:
         """The full message: location (when known), what is wrong, and the fix (when given)."""
-        parts = [str(self.location)] if self.location is not None else []
-        parts.append(self.what)
-        if self.fix:
-            parts.append(f"Fix: {self.fix}")
-        return "\n".join(parts)
+        return located(self.location, self.what, self.fix)
+
+
+def located(location: Any, what: str, fix: str = "") -> str:
+    """A message about a place in the user's files, in the one form every refusal uses:
+    ``file:line: what``, the source line indented below it when known, then ``Fix: ...``.
+    ``location``: anything with ``filename`` and ``lineno`` (and maybe ``source_line``), or None."""
+    filename, lineno = getattr(location, "filename", None), getattr(location, "lineno", None)
+    head = f"{filename}:{lineno}: {what}" if filename and lineno else what
+    source = getattr(location, "source_line", "")
+    parts = [head, f"    {source}"] if source else [head]
+    if fix:
+        parts.append(f"Fix: {fix}")
+    return "\n".join(parts)
 
 
 class LaunchError(UserError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from csrun.errors import ConfigError as _ConfigError
-from csrun.errors import UsageError, UserError
+from csrun.errors import UsageError, UserError, located
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,12 +30,8 @@ class Location:
     """The stripped text of that line (from linecache), empty when unknown."""
 
     def __str__(self) -> str:
-        head = f'File "{self.filename}", line {self.lineno}'
-        if self.function:
-            head += f", in {self.function}"
-        if self.source_line:
-            head += f"\n    {self.source_line}"
-        return head
+        head = f"{self.filename}:{self.lineno}:" + (f" in {self.function}" if self.function else "")
+        return f"{head}\n    {self.source_line}" if self.source_line else head
 
 
 def at(location: Location | None) -> str:
@@ -67,14 +63,8 @@ class CompileError(UserError):
         return self.location.lineno if self.location else None
 
     def render(self) -> str:
-        """The full message: location, what is wrong, and the fix."""
-        parts = []
-        if self.location is not None:
-            parts.append(str(self.location))
-        parts.append(self.what)
-        if self.fix:
-            parts.append(f"Fix: {self.fix}")
-        return "\n".join(parts)
+        """The full message: ``file:line: what``, the source line, and the fix."""
+        return located(self.location, self.what, self.fix)
 
 
 class DataDependentControlFlow(CompileError):

@@ -46,8 +46,11 @@ def legacy_type_of(optimizer: torch.optim.Optimizer) -> str | None:
 
 
 def is_torch_builtin(optimizer: torch.optim.Optimizer) -> bool:
-    """True when the optimizer's class is defined inside torch.optim (not the user's code)."""
-    return type(optimizer).__module__.startswith("torch.optim")
+    """True when the optimizer's update is not the user's code: its class is defined inside
+    torch.optim, or its ``step()`` is torch.optim's or the engine's own (cstorch's classes)."""
+    step_module = getattr(getattr(type(optimizer), "step", None), "__module__", None) or ""
+    return type(optimizer).__module__.startswith("torch.optim") or \
+        step_module.startswith(("torch.optim", "csrun.emulator.optimizers"))
 
 
 def _json_value(value: Any) -> Any:

@@ -31,6 +31,7 @@ from csrun.compiler.errors import LRSchedulerNotSupported
 from csrun.compiler.lr_schedulers import check_scheduler, learning_rates_of
 
 _WATCH_ATTR = "_csrun_scheduler_watch"
+"""The optimizer attribute holding what a new scheduler on it is handed to."""
 _OWN_STEP = "_csrun_own_step"
 _installed = False
 _constructing = 0
@@ -45,11 +46,7 @@ class SchedulerWatch:
         self.optimizer = optimizer
         self.schedulers: list[Any] = []
         self._on_step = on_step
-        _install()
-        setattr(optimizer, _WATCH_ATTR, self)
-        for obj in gc.get_referrers(optimizer):
-            if isinstance(obj, torch_sched.LRScheduler) and getattr(obj, "optimizer", None) is optimizer:
-                self.add(obj)
+        announce_schedulers(optimizer, self.add)
 
     def add(self, scheduler: Any) -> None:
         """A scheduler built on the optimizer: refused now, or kept with an order-checked ``step()``."""
@@ -91,6 +88,16 @@ class SchedulerWatch:
         return learning_rates_of(top[0])
 
 
+def announce_schedulers(optimizer: torch.optim.Optimizer, add: Callable[[Any], None]) -> None:
+    """Call ``add(scheduler)`` for every torch LR scheduler built on ``optimizer``: those that
+    exist now (the objects that refer to it) and, as each is built, the later ones."""
+    _install()
+    setattr(optimizer, _WATCH_ATTR, add)
+    for obj in gc.get_referrers(optimizer):
+        if isinstance(obj, torch_sched.LRScheduler) and getattr(obj, "optimizer", None) is optimizer:
+            add(obj)
+
+
 def _install() -> None:
     """Wrap the schedulers' ``__init__`` once per process (see the module manual)."""
     global _installed
@@ -111,8 +118,8 @@ def _announcing(init: Callable[..., None]) -> Callable[..., None]:
             init(self, *args, **kwargs)
         finally:
             _constructing -= 1
-        watch = getattr(getattr(self, "optimizer", None), _WATCH_ATTR, None)
-        if isinstance(watch, SchedulerWatch):
-            watch.add(self)
+        add = getattr(getattr(self, "optimizer", None), _WATCH_ATTR, None)
+        if callable(add):
+            add(self)
 
     return __init__

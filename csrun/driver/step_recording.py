@@ -236,54 +236,38 @@ def _fill(t: Any, env: Callable[[int], Any], slots: Sequence[Any] = ()) -> Any:
     return t
 
 
+def _template_leaves(t: Any) -> Iterator[Any]:
+    """Every leaf of a template (through tuples, lists, dicts and slices)."""
+    if isinstance(t, (list, tuple)):
+        for v in t:
+            yield from _template_leaves(v)
+    elif isinstance(t, dict):
+        for v in t.values():
+            yield from _template_leaves(v)
+    elif isinstance(t, slice):
+        yield from _template_leaves((t.start, t.stop, t.step))
+    else:
+        yield t
+
+
 def _has_refs(t: Any) -> bool:
     """Whether a template holds a :class:`Ref` or :class:`Slot`."""
-    if isinstance(t, (Ref, Slot)):
-        return True
-    if isinstance(t, (list, tuple)):
-        return any(_has_refs(v) for v in t)
-    if isinstance(t, dict):
-        return any(_has_refs(v) for v in t.values())
-    return False
+    return any(isinstance(x, (Ref, Slot)) for x in _template_leaves(t))
 
 
 def _ref_indices(t: Any) -> Iterator[int]:
     """The value numbers a template reads."""
-    if isinstance(t, Ref):
-        yield t.index
-    elif isinstance(t, (list, tuple)):
-        for v in t:
-            yield from _ref_indices(v)
-    elif isinstance(t, dict):
-        for v in t.values():
-            yield from _ref_indices(v)
-    elif isinstance(t, slice):
-        yield from _ref_indices((t.start, t.stop, t.step))
+    return (x.index for x in _template_leaves(t) if isinstance(x, Ref))
 
 
 def _has_slots(t: Any) -> bool:
     """Whether a template takes a host value (a program input)."""
-    if isinstance(t, Slot):
-        return True
-    if isinstance(t, (list, tuple)):
-        return any(_has_slots(v) for v in t)
-    if isinstance(t, dict):
-        return any(_has_slots(v) for v in t.values())
-    if isinstance(t, slice):
-        return _has_slots((t.start, t.stop, t.step))
-    return False
+    return any(isinstance(x, Slot) for x in _template_leaves(t))
 
 
 def _constants(t: Any) -> Iterator[Const]:
     """Every :class:`Const` in a template."""
-    if isinstance(t, Const):
-        yield t
-    elif isinstance(t, (list, tuple)):
-        for v in t:
-            yield from _constants(v)
-    elif isinstance(t, dict):
-        for v in t.values():
-            yield from _constants(v)
+    return (x for x in _template_leaves(t) if isinstance(x, Const))
 
 
 def _sketch(x: Any) -> Any:

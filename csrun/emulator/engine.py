@@ -243,11 +243,10 @@ class Engine:
         if self.precision == "cbfloat16":
             precision.apply_cbfloat16(module)
         self.half_weights = self._emulate_half(module)
-        module.to(self.device)
-        _move_constants(module, self.device)
         with torch.no_grad():
-            # own copies: the unlifted module shares storage with the program's state dict,
-            # and training must not change the caller's program
+            # own copies, before the move: the unlifted module shares its parameters with the
+            # program's state dict (in the embedded device, the user's model's), and neither
+            # training nor Module.to (which swaps a parameter's .data in place) may change them
             fresh: dict[int, torch.nn.Parameter] = {}  # tied weights stay tied
             fresh_buffers: dict[int, torch.Tensor] = {}
             for mod in module.modules():
@@ -262,6 +261,8 @@ class Engine:
                         if id(b) not in fresh_buffers:
                             fresh_buffers[id(b)] = b.clone()
                         mod._buffers[name] = fresh_buffers[id(b)]
+        module.to(self.device)
+        _move_constants(module, self.device)
         self.module = module
         self._split = update_split.split_at_update(module) if self.training else None
         """The program cut at its update, when the step ran the model again after it."""

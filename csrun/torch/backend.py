@@ -37,6 +37,7 @@ from csrun.compiler.settings import CompileSettings
 from csrun.driver import legacy_state
 from csrun.driver.closures import StepClosure
 from csrun.driver.options import DeviceOptions
+from csrun.torch.device_preview import DevicePreview
 from csrun.torch.rules import TrainingRules
 
 __all__ = ["Backend", "EagerBackend", "DeviceFactory", "register_device_backend", "device_factory",
@@ -100,10 +101,14 @@ class EagerBackend:
         self.modules: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.rules = TrainingRules(settings)
+        self.preview = DevicePreview(streaming=settings is not None and settings.streaming)
+        """Warnings about what the device will refuse (csrun.torch.device_preview)."""
 
     def prepare_module(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Remember the model (its train/eval mode follows the session); return it unchanged."""
+        """Remember the model (its train/eval mode follows the session); return it unchanged but for
+        the device preview's watch of its first forwards."""
         self.modules.append(model)
+        self.preview.module(model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -111,6 +116,7 @@ class EagerBackend:
         if not any(o is optimizer for o in self.optimizers):
             self.optimizers.append(optimizer)
             self.rules.attach(optimizer)
+            self.preview.optimizer(optimizer)
         return optimizer
 
     def begin_session(self, mode: str) -> None:
@@ -119,7 +125,8 @@ class EagerBackend:
             m.train(mode == "train")
 
     def prepare_batch(self, batch: Any) -> Any:
-        """Return the batch unchanged."""
+        """Return the batch unchanged (a new step for the device preview)."""
+        self.preview.begin_step()
         return batch
 
     def dispatch_step(self) -> None:
@@ -127,11 +134,13 @@ class EagerBackend:
 
     def end_step(self, closures: list[StepClosure]) -> None:
         """Run the closures now, in order (``run_async`` too: there is nothing to overlap with)."""
+        self.preview.end_step()
         for closure in closures:
             closure()
 
     def end_session(self, failed: bool) -> None:
-        """Nothing to release."""
+        """Nothing to release (the device preview's watch of the first step ends)."""
+        self.preview.end_step()
 
     def global_step(self) -> int:
         """Training steps taken (optimizer steps, and updates the loss scaler skipped)."""

@@ -48,7 +48,7 @@ def test_item_inside_forward_fails_the_compile_naming_the_line(tmp_path: Path) -
     done = run(tmp_path, "--compile_only", "--item_in_forward")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Compile failed" in done.stdout
-    assert f'train_mlp.py",line{line}' in re.sub(r"\s+", "", done.stdout)  # File "...train_mlp.py", line N
+    assert f"train_mlp.py:{line}:" in re.sub(r"\s+", "", done.stdout)  # .../train_mlp.py:N: what
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec in the venv")

@@ -100,3 +100,53 @@ def test_the_servers_warm_up_readies_the_gpu() -> None:
     thread = warm_up("cuda")
     thread.join(timeout=120)
     assert not thread.is_alive() and torch.cuda.is_initialized()
+
+
+def _script_loop(cs_ip: str | None, model_dir: str, device: str = "cpu") -> tuple[list[float], dict[str, torch.Tensor]]:
+    """A loop with what issue 30 carried into the program: two param groups, clip_grad_norm_, an
+    eval forward after optimizer.step() with BatchNorm; float32, 6 steps; (values, state)."""
+    import csrun.torch as cbtorch
+    from csrun.compiler import CompileSettings
+    from csrun.torch import backend as backend_mod
+    from csrun.torch import process_state
+    from csrun.torch.device_backend import make_device_backend
+
+    process_state.reset_for_tests()
+    backend_mod.register_device_backend(make_device_backend)
+    torch.manual_seed(0)
+    cbtorch.initialize(cs_ip, settings=CompileSettings(mixed_precision=False), model_dir=model_dir, device=device)
+    model = cbtorch.module(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                               torch.nn.Linear(16, 3)))
+    opt = cbtorch.optimizer(torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1},
+                                             {"params": list(model[1].parameters()) + list(model[3].parameters()),
+                                              "lr": 0.4, "momentum": 0.9, "weight_decay": 0.01}], lr=0.1))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(48, 6, generator=g)
+    data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long())
+    loader = cbtorch.dataloader(torch.utils.data.DataLoader(data, batch_size=8, drop_last=True))
+    values: list[float] = []
+    with cbtorch.Session(loader):
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            model.eval()
+            with torch.no_grad():
+                val = torch.nn.functional.cross_entropy(model(xb), yb)
+            model.train()
+            cbtorch.add_step_closure(lambda *v: values.extend(t.detach().item() for t in v), (loss, norm, val))
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    process_state.reset_for_tests()
+    return values, state
+
+
+def test_groups_clipping_and_a_forward_after_the_update_on_the_gpu(tmp_path) -> None:
+    """The device on a GPU trains the script's groups, clipping and post-update forward as eager
+    on the CPU does (the first step checked against eager too: csrun.driver.verify)."""
+    cpu_values, cpu_state = _script_loop(None, str(tmp_path / "cpu"))
+    gpu_values, gpu_state = _script_loop("embedded", str(tmp_path / "gpu"), device="cuda")
+    assert gpu_values == pytest.approx(cpu_values, rel=1e-4, abs=1e-6)
+    for name, want in cpu_state.items():
+        assert torch.allclose(gpu_state[name].to(want.dtype), want, rtol=1e-4, atol=1e-6), name
