@@ -6,6 +6,7 @@ outside csrun itself. The source line comes from :mod:`linecache`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import os
@@ -23,8 +24,10 @@ _CSRUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.se
 _STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
-    """True for a file of the user's (not torch, not the standard library, not csrun)."""
+    """True for a file of the user's (not torch, not the standard library, not csrun); remembered
+    per file name (it runs for every frame a refusal or a step's bookkeeping walks)."""
     if not filename or filename.startswith("<"):
         return False
     path = os.path.abspath(filename)
@@ -78,11 +81,25 @@ def _user_frame_in_message(text: str) -> Location | None:
 
 def caller_location(skip_files: tuple[str, ...] = ()) -> Location | None:
     """The innermost user frame on the current stack (who called into csrun)."""
-    frame: FrameType | None = sys._getframe(1)
+    site = _user_site(sys._getframe(1), skip_files)
+    return location_of(*site) if site is not None else None
+
+
+Site = tuple[str, int, str]
+"""(file, line, function) of a frame: a :class:`Location` to be, without its source line."""
+
+
+def caller_site(skip_files: tuple[str, ...] = ()) -> Site | None:
+    """:func:`caller_location` without reading the source line (what a step's bookkeeping keeps
+    on the hot path; :func:`location_of` makes it a :class:`Location` when a message needs it)."""
+    return _user_site(sys._getframe(1), skip_files)
+
+
+def _user_site(frame: FrameType | None, skip_files: tuple[str, ...]) -> Site | None:
     while frame is not None:
         fn = frame.f_code.co_filename
         if is_user_file(fn) and fn not in skip_files:
-            return location_of(fn, frame.f_lineno, frame.f_code.co_name)
+            return fn, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None
 

@@ -82,6 +82,8 @@ class PythonStateWatch:
         _install()
         self.version = 0
         """Bumped by every assignment of a plain value to one of the model's modules."""
+        self.mode_version = 0
+        """Bumped by every assignment of a module's ``training`` (``model.train()`` / ``eval()``)."""
         self._first: dict[tuple[int, str], tuple[torch.nn.Module, Any]] = {}
         """(module, name) -> the module and the value before it was first assigned."""
         self._last: dict[tuple[int, str], Change] = {}
@@ -116,7 +118,12 @@ _CAPTURE = threading.local()
 
 def _hook(module: torch.nn.Module, name: str, value: Any) -> None:
     """Before ``module.name = value``: tell the module's watch, and the capture in progress."""
-    if name in _SKIP or not plain(value):
+    if name in _SKIP:
+        watch = _OWNERS.get(module)
+        if watch is not None:
+            watch.mode_version += 1
+        return
+    if not plain(value):
         return
     watch = _OWNERS.get(module)
     capture = getattr(_CAPTURE, "capture", None)

@@ -372,7 +372,9 @@ class Entry:
     plain_kwargs: bool = False
     """The keyword arguments hold no tensor: a later call's are compared with ``==``."""
     after_update: bool = False
-    """Made after ``optimizer.step()``: it sees the updated weights (the program runs it after the update)."""
+    """Sees the updated weights: a model call after ``optimizer.step()``, or an operation on the
+    values of one (the program runs it after the update). An operation after ``step()`` on values
+    made before it computes the same either way, and stays in the first part."""
     grad: bool = True
     """Grad mode was on (under ``torch.no_grad()`` no gradient flows back through its results)."""
     modes: tuple[bool, ...] | None = None
@@ -741,7 +743,11 @@ class StepRecorder:
         self._live: list[weakref.ref[StepValue]] = []
         self._on_backward: Callable[[], None] | None = None
         self._after_update = False
+        """``optimizer.step()`` ran in the open step."""
+        self._late: set[int] = set()
+        """Values of the open step that see the updated weights."""
         self._modules: dict[int, list[torch.nn.Module]] = {}
+        self._modes_seen: dict[int, tuple[int, tuple[bool, ...]]] = {}
 
     # -- the step's life ----------------------------------------------------------------------
 
@@ -761,6 +767,7 @@ class StepRecorder:
             raise StepValueError("a new step began before the previous one ended (csrun bug)")
         self._step = StepState(number=number)
         self._after_update = False
+        self._late = set()
         self._pos = 0
         self._n = 0
         self._live = []
@@ -858,16 +865,23 @@ class StepRecorder:
         self._draft = None
         self._step = None
         self._modules = {}
+        self._modes_seen = {}
 
     def optimizer_stepped(self) -> None:
         """``optimizer.step()`` ran in the open step: what follows sees the updated weights."""
         self._after_update = True
 
-    def _modes(self, model: torch.nn.Module) -> tuple[bool, ...]:
+    def _modes(self, model: torch.nn.Module, watch: PythonStateWatch) -> tuple[bool, ...]:
+        """The ``training`` flags of the model's modules (read again only when one was assigned)."""
+        cached = self._modes_seen.get(id(model))
+        if cached is not None and cached[0] == watch.mode_version:
+            return cached[1]
         modules = self._modules.get(id(model))
         if modules is None:
             modules = self._modules[id(model)] = list(model.modules())
-        return tuple(m.training for m in modules)
+        modes = tuple(m.training for m in modules)
+        self._modes_seen[id(model)] = (watch.mode_version, modes)
+        return modes
 
     # -- calls and operations -----------------------------------------------------------------
 
@@ -879,8 +893,8 @@ class StepRecorder:
         self._require_open("model(...)")
         if on_backward is not None:
             self._on_backward = on_backward
-        modes = self._modes(model)
         watch = self._watch(model)
+        modes = self._modes(model, watch)
         if self._draft is None and watch.version != self._guard_version:
             self._check_guards(model, watch)
         if self._draft is not None:
@@ -1009,11 +1023,13 @@ class StepRecorder:
             meta.append((leaf.shape, leaf.dtype))
             wrapped.append(v)
         loc = caller_location()
-        kw = _template(kwargs)
-        entry = Entry(func=func, args=_template(args), kwargs=kw, results=tuple(results),
+        targs, kw = _template(args), _template(kwargs)
+        late = self._after_update if func is None else any(i in self._late for i in _ref_indices((targs, kw)))
+        entry = Entry(func=func, args=targs, kwargs=kw, results=tuple(results),
                       result_meta=tuple(meta), rebuild=rebuild, location=loc, plain_kwargs=not any(_constants(kw))
-                      and not _has_refs(kw), after_update=self._after_update, grad=torch.is_grad_enabled(),
-                      modes=modes)
+                      and not _has_refs(kw), after_update=late, grad=torch.is_grad_enabled(), modes=modes)
+        if late:
+            self._late.update(results)
         for r in results:
             self._draft.value_lines[r] = loc
         self._draft.entries.append(entry)
@@ -1028,15 +1044,10 @@ class StepRecorder:
             raise StepChanged(f"an extra call {what}(...) after the compiled step's last one", compiled="nothing more",
                               location=caller_location())
         entry = recording.entries[self._pos]
-        optional = recording.optional()
-        while self._pos in optional and self._pos + 1 < len(recording.entries) and not _same_call(entry, func, args, kwargs):
-            self._pos += 1  # an operation nothing used (a caught read's detach()): this step left it out
-            entry = recording.entries[self._pos]
         if not _same_call(entry, func, args, kwargs):
-            name = "model" if func is None else getattr(func, "__name__", repr(func))
-            raise StepChanged(f"{name}{_describe(_sketch(tuple(args)))}", compiled=entry.describe(),
-                              location=caller_location())
-        if entry.after_update != self._after_update or entry.grad != torch.is_grad_enabled() or entry.modes != modes:
+            entry = self._past_unused(recording, func, args, kwargs)
+        if (func is None and entry.after_update != self._after_update) or entry.grad != torch.is_grad_enabled() \
+                or entry.modes != modes:
             raise StepChanged(_how_it_differs(entry, self._after_update, modes), compiled=entry.describe(),
                               location=caller_location())
         self._pos += 1
@@ -1046,6 +1057,20 @@ class StepRecorder:
             wrapped.append(v)
         self._n = max(self._n, (entry.results[-1] + 1) if entry.results else self._n)
         return entry.rebuild(wrapped)
+
+    def _past_unused(self, recording: Recording, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Entry:
+        """The call does not match the compiled one at its place: past operations nothing used
+        (a caught read's ``detach()``, which this step left out), the entry it is; else refused."""
+        optional = recording.optional()
+        first = recording.entries[self._pos]
+        while self._pos in optional and self._pos + 1 < len(recording.entries):
+            self._pos += 1
+            entry = recording.entries[self._pos]
+            if _same_call(entry, func, args, kwargs):
+                return entry
+        name = "model" if func is None else getattr(func, "__name__", repr(func))
+        raise StepChanged(f"{name}{_describe(_sketch(tuple(args)))}", compiled=first.describe(),
+                          location=caller_location())
 
     def _closed(self, step: StepState, func: Any, name: str,
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

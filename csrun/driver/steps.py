@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Literal
 
 from csrun.compiler.errors import Location, at
-from csrun.compiler.locate import caller_location
+from csrun.compiler.locate import Site, caller_location, caller_site, location_of
 from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
 
@@ -76,8 +76,18 @@ class StepOrder:
         """``zero_grad()`` was called since the last ``backward()``."""
         self.clear_before_backward = True
         """The current step's ``backward()`` came after a ``zero_grad()``: it starts from no gradients."""
-        self.backward_at: Location | None = None
-        self.stepped_at: Location | None = None
+        self._backward_site: Site | None = None
+        self._stepped_site: Site | None = None
+
+    @property
+    def backward_at(self) -> Location | None:
+        """Where the last ``loss.backward()`` was called."""
+        return location_of(*self._backward_site) if self._backward_site else None
+
+    @property
+    def stepped_at(self) -> Location | None:
+        """Where the last ``optimizer.step()`` was called."""
+        return location_of(*self._stepped_site) if self._stepped_site else None
 
     def _fail(self, what: str, location: Location | None = None) -> None:
         raise StepOrderError(f"{at(location or caller_location())}{what}: {ORDER}")
@@ -101,7 +111,7 @@ class StepOrder:
                 f"{at(caller_location())}loss.backward() adds to the gradients of the last optimizer.step(){where}: "
                 "optimizer.zero_grad() (or model.zero_grad()) was not called since, so eager PyTorch would update "
                 f"with their sum, which the device does not keep; {ORDER}")
-        self.backward_at = caller_location()
+        self._backward_site = caller_site()
         self.clear_before_backward, self.zeroed = self.zeroed, False
         self.phase = "backward"
 
@@ -113,7 +123,7 @@ class StepOrder:
         if self.phase != "backward":
             self._fail("optimizer.step() was called before loss.backward()" if self.phase == "forward"
                        else "optimizer.step() was called without model(batch) and loss.backward() before it")
-        self.stepped_at = caller_location()
+        self._stepped_site = caller_site()
         self.phase = "stepped"
 
     def scheduler_step(self) -> None:

@@ -16,6 +16,7 @@ sequence items, their keys for mappings).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import Any, Callable
@@ -94,6 +95,10 @@ def _move_constants(module: torch.fx.GraphModule, device: torch.device) -> None:
         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
                 and leaf not in getattr(owner, "_buffers", {}) and value.device != device:
             setattr(owner, leaf, value.to(device))
+
+
+_NO_CHANGE = contextlib.nullcontext()
+"""The forward of a step with a backward runs in the caller's grad mode (on)."""
 
 
 def _backward(root: torch.Tensor, unit: torch.Tensor) -> None:
@@ -417,7 +422,7 @@ class Engine:
         rates = self._rates(self._step)
         scale = scaler.scale
         carried: list[Any] = []
-        with self._forward_context(), torch.set_grad_enabled(plan.backward):
+        with self._forward_context(), _NO_CHANGE if plan.backward else torch.no_grad():
             if self._split is None:
                 loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
             else:
@@ -435,26 +440,24 @@ class Engine:
             out[k] = (v.detach().clone() if publish is not None else v.detach()) if isinstance(v, torch.Tensor) else v
         del extra
         if plan.backward:
-            early = publish if self._split is None and self._clipping(plan)[0] is None else None
-            self._backward_and_update(loss * scale if scale != 1.0 else loss, out, plan, rates, early)
-        del loss
+            if publish is not None and self._split is None and self._clipping(plan)[0] is None:
+                publish(out)  # else an output comes after the update: the gradient norm, the second part
+            if plan.clear_grads and self._holding_grads:
+                self._clear_gradients()
+            root = loss * scale if scale != 1.0 else loss
+            _backward(root, self._unit)
+            del loss, root  # the step's graph: its last references (see _backward)
+            self._update(out, plan, rates)
         if self._split is not None:
             with self._forward_context():
                 out.update(self._split.run_after(inputs, carried))
         return out
 
-    def _backward_and_update(self, root: torch.Tensor, out: dict[str, Any], plan: StepPlan,
-                             rates: float | list[float], publish: Callable[[dict[str, Any]], None] | None) -> None:
-        """The backward of the scaled loss ``root`` and, when ``plan`` says so, the update (with
-        the unscaling, clipping and loss-scale update); ``publish`` hands ``out`` over first."""
+    def _update(self, out: dict[str, Any], plan: StepPlan, rates: float | list[float]) -> None:
+        """After the backward: keep the gradients (no update in ``plan``: accumulation), or unscale,
+        clip, update and clear them, and update the loss scale; the gradient norm goes to ``out``."""
         opt, scaler = self.optimizer, self.scaler
         assert opt is not None and scaler is not None  # noqa: S101 - a train engine has them
-        if publish is not None:
-            publish(out)
-        if plan.clear_grads and self._holding_grads:
-            self._clear_gradients()
-        _backward(root, self._unit)
-        del root  # the step's graph: its last reference here (see _backward)
         if not plan.update:
             if self.half_weights is not None:
                 self.half_weights.gradients_to_masters()
