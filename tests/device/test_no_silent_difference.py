@@ -664,3 +664,16 @@ def test_a_caught_read_in_the_first_step_does_not_stop_later_steps(tmp_path: Pat
     dev = run("embedded", tmp_path, body)
     assert len(caught) == 1
     assert_bitwise(cpu, dev)
+
+
+def test_a_model_that_cannot_be_copied_trains_unchecked_with_a_notice(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The check needs a copy of the model; one that refuses deepcopy trains on, with one notice."""
+    class Uncopyable(Stack):
+        def __deepcopy__(self, memo: dict) -> Any:
+            raise TypeError("this model holds a handle that cannot be copied")
+
+    with caplog.at_level(logging.WARNING, logger="csrun.driver"):
+        dev = run("embedded", tmp_path, plain_step, model=lambda: Uncopyable(6, 8, 3))
+    assert len(dev.losses) == STEPS
+    notices = [r.getMessage() for r in caplog.records if "not checked" in r.getMessage()]
+    assert len(notices) == 1 and "cannot be copied" in notices[0], notices
