@@ -282,8 +282,10 @@ def test_steplr_over_two_groups(tmp_path: Path) -> None:
     assert dev.lrs == [0.1 * 0.5 * 0.5, 0.5 * 0.5 * 0.5]  # 8 steps: decayed at 3 and 6
 
 
-def cstorch_run(kind: str, artifact_dir: Path, momentum: float) -> tuple[list[float], dict[str, torch.Tensor], list[float]]:
-    """A 2.x script: cstorch.optim.SGD with two groups, a traced step, losses read in a closure."""
+def cstorch_run(kind: str, artifact_dir: Path, momentum: float,
+                clip: bool = False) -> tuple[list[float], dict[str, torch.Tensor], list[float]]:
+    """A 2.x script: cstorch.optim.SGD with two groups, a traced step (``clip``: with torch's
+    clip_grad_norm_ in it), losses read in a closure."""
     state_mod.reset_for_tests()
     cstorch_backend.reset_for_tests()
     try:
@@ -303,6 +305,8 @@ def cstorch_run(kind: str, artifact_dir: Path, momentum: float) -> tuple[list[fl
             opt.zero_grad()
             loss = F.cross_entropy(compiled(x), y)
             loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
             opt.step()
             return loss
 
@@ -319,11 +323,12 @@ def cstorch_run(kind: str, artifact_dir: Path, momentum: float) -> tuple[list[fl
         cstorch_backend.reset_for_tests()
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_cstorch_sgd_with_two_groups(tmp_path: Path, momentum: float) -> None:
-    """cstorch.optim.SGD with two groups (lr, weight_decay, momentum) on CSX equals the CPU backend bitwise."""
-    cpu_losses, cpu_state, cpu_lrs = cstorch_run("CPU", tmp_path, momentum)
-    dev_losses, dev_state, dev_lrs = cstorch_run("CSX", tmp_path, momentum)
+@pytest.mark.parametrize("momentum,clip", [(0.0, False), (0.9, False), (0.9, True)])
+def test_cstorch_sgd_with_two_groups(tmp_path: Path, momentum: float, clip: bool) -> None:
+    """cstorch.optim.SGD with two groups (lr, weight_decay, momentum) on CSX equals the CPU backend
+    bitwise, also with clip_grad_norm_ in the @cstorch.trace step."""
+    cpu_losses, cpu_state, cpu_lrs = cstorch_run("CPU", tmp_path, momentum, clip)
+    dev_losses, dev_state, dev_lrs = cstorch_run("CSX", tmp_path, momentum, clip)
     assert len(cpu_losses) == STEPS and dev_losses == cpu_losses
     for name, want in cpu_state.items():
         assert torch.equal(dev_state[name], want), name
