@@ -15,8 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "csrun"
 
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("typed_config", "address", "help_style"),
-    ("cluster", "site", "program", "data"),
+    ("typed_config", "address", "help_style", "files"),
+    ("cluster", "site", "program", "data", "mdl"),
     ("stream", "compiler", "launch"),
     ("emulator",),
     ("driver",),

@@ -5,11 +5,12 @@ self.use_b:``, ``if self.step < 10:``) was compiled with the value it had then. 
 reads the value again at every call, so csrun watches the values a script changes:
 
 * A :class:`PythonStateWatch` per model (the driver's) hears, through a hook on
-  ``nn.Module.__setattr__`` installed once per process, the assignments to its modules. A plain value (a number, string, bool, None, or a tuple/list/dict of them)
-  assigned to one of their attributes bumps :attr:`PythonStateWatch.version` and is remembered
-  with its line. Tensors, parameters and submodules are not Python values (buffers and
-  parameters are device state), and ``training`` is the module mode, which the driver records
-  per call.
+  ``nn.Module.__setattr__`` installed once per process, the assignments to its modules. A plain
+  value (a number, string, bool, None, or a tuple/list/dict of them) assigned to one of their
+  attributes bumps :attr:`PythonStateWatch.version` and is remembered with its line. Tensors,
+  parameters and submodules are not Python values (buffers and parameters are device state),
+  and ``training`` is the module mode, which the driver records per call (an assignment of it
+  bumps :attr:`PythonStateWatch.mode_version`, so the modes are read again only then).
 * The driver compares, at each model call, the values set since the step was recorded with the
   values they had then (:meth:`PythonStateWatch.guards` / :meth:`PythonStateWatch.changed_since`):
   a changed value recompiles the step, with one notice naming the line that changed it.

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from csrun.cluster import cluster_info
 from csrun.errors import UsageError
+from csrun.files import atomic_write
 from csrun.launch.process import run_child, run_cli
 from csrun.launch.task_log import task_log_for
 
@@ -35,11 +36,8 @@ STATE_ENV = "CSRUN_JOB_STATE"
 def report_exit(state_dir: str, rank: int, node: str, code: int) -> None:
     """Write ``exit.<rank>`` (``<code> <node>``) atomically into ``state_dir``; errors are ignored
     (the job then ends by MPI's or Slurm's own means)."""
-    folder = Path(state_dir)
-    tmp = folder / f".exit.{rank}.{os.getpid()}"
     try:
-        tmp.write_text(f"{code} {node}\n")
-        os.replace(tmp, folder / f"exit.{rank}")
+        atomic_write(Path(state_dir) / f"exit.{rank}", f"{code} {node}\n", durable=False)
     except OSError:
         pass
 

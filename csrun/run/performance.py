@@ -18,9 +18,10 @@ Keys (legacy names first):
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from csrun.files import atomic_write
 
 
 def performance_doc(*, total_samples: int, total_time: float, batch_size: int, stats: Any,
@@ -55,8 +56,4 @@ def write_performance(model_dir: Path, doc: dict[str, Any]) -> Path:
     """Write ``performance/performance.json`` (atomically: temp file, rename)."""
     folder = Path(model_dir) / "performance"
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / "performance.json"
-    tmp = folder / f".performance.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, final)
-    return final
+    return atomic_write(folder / "performance.json", json.dumps(doc, indent=2, default=str) + "\n")

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 
 from csrun.errors import UserError
+from csrun.files import atomic_write
 from csrun.launch.preempt_signal import MAX_IDLE_REQUEUES_ENV, max_idle_requeues, preemption_signal
 
 REQUEUE_FILE_ENV = "CSRUN_REQUEUE_FILE"
@@ -129,9 +130,7 @@ def account_preemption(model_dir: Path, start_step: int, preempted: Preempted) -
         return
     cap = max_idle_requeues()
     count = _read_count(path) + 1
-    tmp = path.with_name(f"{IDLE_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(f"{count}\n")
-    os.replace(tmp, path)
+    atomic_write(path, f"{count}\n")
     if count >= cap:
         raise RequeueCapReached(
             f"preempted {count} times in a row without gaining a step (still at global step {preempted.step}); "

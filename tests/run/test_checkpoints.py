@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from csrun import mdl
 from csrun.errors import EnvironmentFailure
-from csrun.run import checkpoints as ck
 from csrun.run.checkpoints import CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint
 
 
@@ -34,7 +34,7 @@ def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatc
         f.write(b"PK\x03\x04 half a zip")  # type: ignore[attr-defined]
         raise OSError("disk full")
 
-    monkeypatch.setattr(ck.torch, "save", dying_save)
+    monkeypatch.setattr(mdl.torch, "save", dying_save)
     with pytest.raises(EnvironmentFailure, match="cannot save checkpoint .*checkpoint_20.mdl: disk full; earlier checkpoints are intact"):
         save_checkpoint(tmp_path, 20, state(2.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_10.mdl", "checkpoint_10.mdl.sha256"]

@@ -90,7 +90,7 @@ def test_load_refuses_a_pickle_payload_without_running_it(tmp_path: Path) -> Non
 
     path = tmp_path / "evil.mdl"
     torch.save({"model": Evil()}, path)
-    with pytest.raises(cbtorch.CheckpointFileError, match=r"not a weights-only checkpoint \(nothing in it was run\)"):
+    with pytest.raises(cbtorch.CheckpointFileError, match=r"not a weights-only checkpoint.*nothing in it was run"):
         cbtorch.load(path)
     assert not marker.exists()
 

@@ -41,6 +41,7 @@ import torch
 
 import csrun
 from csrun.compiler.wafer import WaferSpec
+from csrun.files import atomic_write
 
 MARKER = "COMPLETE"
 PREFIX = "cs_"
@@ -186,10 +187,7 @@ def add_source_key(directory: str, key: str) -> None:
     if marker is None or key in marker_source_keys(marker):
         return
     marker["more_source_keys"] = (list(marker.get("more_source_keys", [])) + [key])[-16:]
-    part = os.path.join(directory, MARKER + ".part")
-    with open(part, "w") as f:
-        json.dump(marker, f, indent=1, sort_keys=True)
-    os.replace(part, os.path.join(directory, MARKER))
+    atomic_write(os.path.join(directory, MARKER), json.dumps(marker, indent=1, sort_keys=True))
 
 
 @dataclass(kw_only=True)
