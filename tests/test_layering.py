@@ -103,3 +103,16 @@ def test_the_walker_sees_nested_and_relative_imports() -> None:
     edges = {target for _, target in _imports_in(source, "csrun.stream")}
     assert edges == {"os", "csrun.torch", "csrun.run", "csrun.stream"}
     assert {_room(t) for t in edges} == {None, "torch", "run", "stream"}
+
+
+USER_API_ROOMS = ("torch", "pytorch", "run")
+"""The APIs a script uses and the runner: they reach the device through the driver only."""
+
+
+def test_the_user_apis_never_import_the_emulator() -> None:
+    """Training semantics (optimizers, clipping, schedules) live in ``program/``, the device behind
+    the driver: ``torch/``, ``pytorch/`` and ``run/`` import nothing of ``emulator/`` (issue 32)."""
+    bad = [f"{path.relative_to(PACKAGE.parent)}:{line}: {target}"
+           for path in _python_files() if _room(_module_of(path)) in USER_API_ROOMS
+           for line, target in _imports(path) if _room(target) == "emulator"]
+    assert not bad, "user-API rooms importing the emulator:\n" + "\n".join(bad)

@@ -15,7 +15,7 @@ median of the per-round ratios lean / ``optimizer.step()``, wall and CPU (thread
 
 Then the BERT debug model (``configs/bert_debug.yaml``'s model and first batch, float32) with
 AdamW without bias correction (``correct_bias: false``, the model zoo's default: csrun's
-:class:`~csrun.emulator.optimizers.AdamWNoBiasCorrection`): ``--bert-steps`` steps with its
+:class:`~csrun.program.optimizer_classes.AdamWNoBiasCorrection`): ``--bert-steps`` steps with its
 foreach update, then as many with the same formula one parameter at a time
 (``tests/emulator/helpers.adamw_no_bias_correction_per_tensor``), alternating for
 ``--rounds`` rounds.

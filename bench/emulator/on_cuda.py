@@ -45,7 +45,7 @@ from half_precision import bert_debug, fc_mnist  # noqa: E402  (bench/emulator/h
 
 from csrun.compiler.spec import OptimizerSpec, ProgramSpec  # noqa: E402
 from csrun.emulator.embedded import EmbeddedDevice  # noqa: E402
-from csrun.emulator.optimizers import build_optimizer  # noqa: E402
+from csrun.program.optimizer_classes import build_optimizer  # noqa: E402
 
 LR = 1e-3
 Make = Callable[[], tuple[nn.Module, Any, OptimizerSpec]]

@@ -50,7 +50,7 @@ def is_torch_builtin(optimizer: torch.optim.Optimizer) -> bool:
     torch.optim, or its ``step()`` is torch.optim's or the engine's own (cstorch's classes)."""
     step_module = getattr(getattr(type(optimizer), "step", None), "__module__", None) or ""
     return type(optimizer).__module__.startswith("torch.optim") or \
-        step_module.startswith(("torch.optim", "csrun.emulator.optimizers"))
+        step_module.startswith(("torch.optim", "csrun.program.optimizer_classes"))
 
 
 def _json_value(value: Any) -> Any:

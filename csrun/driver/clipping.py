@@ -13,7 +13,7 @@ model's goes to that model's driver (:meth:`~csrun.driver.driver.DeviceDriver.cl
 which notes it as the step's :class:`Clip` and sends it with the step
 (:class:`~csrun.emulator.step_plan.StepPlan`): the device clips that update's unscaled
 gradients after the backward, with torch's arithmetic
-(:func:`csrun.emulator.loss_scaling.clip_gradients`), and ``clip_grad_norm_`` returns the total
+(:func:`csrun.program.clipping.clip_gradients`), and ``clip_grad_norm_`` returns the total
 norm as a device value (``grad_norm``, readable in a step closure). Steps may clip or not, as
 the script says (accumulation: only the update step). Any other call is torch's own.
 

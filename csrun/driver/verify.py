@@ -44,7 +44,7 @@ from csrun.compiler.errors import Location, at
 from csrun.driver import legacy_state
 from csrun.driver.options import VERIFY_ENV
 from csrun.driver.step_recording import Recording
-from csrun.emulator.loss_scaling import clip_gradients
+from csrun.program.clipping import clip_gradients
 from csrun.emulator.step_plan import StepPlan
 from csrun.errors import UserError
 from csrun.program.schedules import build_schedule

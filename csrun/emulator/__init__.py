@@ -2,9 +2,10 @@
 
 - :mod:`~csrun.emulator.engine`: executes one program (forward via the captured graph, backward,
   optimizer, LR schedule, loss scaling, clipping) with all state resident on a device;
-- :mod:`~csrun.emulator.optimizers`, :mod:`~csrun.emulator.precision`,
-  :mod:`~csrun.emulator.loss_scaling`: the pieces it runs (with the LR schedules of
-  :mod:`csrun.program.schedules`, the device contract's);
+- :mod:`~csrun.emulator.precision`, :mod:`~csrun.emulator.loss_scaling`: the pieces it runs
+  (with the training semantics of the device contract: the optimizers of
+  :mod:`csrun.program.optimizer_classes`, the LR schedules of :mod:`csrun.program.schedules`,
+  the clipping of :mod:`csrun.program.clipping`);
 - :mod:`~csrun.emulator.device`: the :class:`Device` interface csrun.torch uses, implemented by
   :class:`EmbeddedDevice` (a worker thread in this process) and :class:`RemoteDevice` (a
   ``cs_emulator`` server, :mod:`~csrun.emulator.server`, over :mod:`~csrun.emulator.wire`);

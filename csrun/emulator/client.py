@@ -24,7 +24,8 @@ from csrun.address import Address, parse_address
 from csrun.emulator import wire
 from csrun.emulator.connect import open_link
 from csrun.emulator.device import Device
-from csrun.emulator.errors import DeviceError, LinkLost, ProtocolError, SpecError, StepFailed, SystemReclaimed
+from csrun.emulator.errors import ProtocolError, SpecError
+from csrun.program.errors import DeviceError, LinkLost, StepFailed, SystemReclaimed
 from csrun.emulator.handles import StepHandle
 from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.emulator.keepalive import PING, KeepAlive

@@ -22,7 +22,7 @@ import torch
 
 from csrun.emulator.device import Device
 from csrun.emulator.engine import Engine, parse_device
-from csrun.emulator.errors import DeviceError, StepFailed
+from csrun.program.errors import DeviceError, StepFailed
 from csrun.emulator.handles import StepHandle
 from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError

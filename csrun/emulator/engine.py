@@ -27,7 +27,6 @@ from torch.utils import _pytree as pytree
 from csrun.emulator import (
     half_emulation,
     loss_scaling,
-    optimizers,
     precision,
     traced_forward,
     update_split,
@@ -35,7 +34,8 @@ from csrun.emulator import (
 from csrun.emulator.errors import SpecError
 from csrun.emulator.lean_step import ScriptedUpdate, lean_step, scripted_update
 from csrun.emulator.step_plan import FULL_STEP, StepPlan
-from csrun.program import schedules
+from csrun.program import clipping, schedules
+from csrun.program import optimizer_classes as optimizers
 from csrun.program.loss_scaling import (
     INITIAL_LOSS_SCALE,
     MAX_LOSS_SCALE,
@@ -300,7 +300,7 @@ class Engine:
             if opt_spec is None:
                 raise SpecError("a train program needs an optimizer in its spec")
             self.schedule = schedules.build_schedule(getattr(spec, "learning_rate", 0.0))
-            loss_scaling.check_clipping(self.max_norm, self.max_value)
+            clipping.check_clipping(self.max_norm, self.max_value)
             ls = getattr(spec, "loss_scaling", None)
             self.scaler = loss_scaling.LossScaler(
                 factor=getattr(ls, "factor", 1.0),
@@ -476,9 +476,9 @@ class Engine:
         overflow = scaler.unscale_and_check(grads)
         total: torch.Tensor | None = None
         if not overflow:
-            total = loss_scaling.clip_gradients(grads, max_norm=clip_norm, max_value=clip_value, norm_type=norm_type)
+            total = clipping.clip_gradients(grads, max_norm=clip_norm, max_value=clip_value, norm_type=norm_type)
         elif clip_norm and grads:
-            total = loss_scaling.gradient_norm(grads, norm_type)  # not finite: the update is skipped
+            total = clipping.gradient_norm(grads, norm_type)  # not finite: the update is skipped
         if clip_norm:
             out["grad_norm"] = total if total is not None else torch.zeros((), device=self.device)
         if not overflow:

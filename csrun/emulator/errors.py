@@ -57,25 +57,5 @@ class InsecureSetup(UserError):
     """A secret that is weak or readable by others (a short token, a token or key file others can read)."""
 
 
-class DeviceError(RuntimeError):
-    """The device failed: a step raised, or the link to a remote device broke."""
-
-
-class StepFailed(DeviceError):
-    """A step raised on the device; re-raised on the caller at the next step boundary."""
-
-    def __init__(self, step: int, message: str) -> None:
-        super().__init__(f"step {step} failed on the device: {message}")
-        self.step = step
-
-
-class LinkLost(DeviceError):
-    """The connection to a remote emulator broke."""
-
-
-class SystemReclaimed(LinkLost):
-    """The emulator took the system back from this job: it sent nothing for the server's idle limit."""
-
-
 class ProtocolError(Exception):
     """A frame that breaks the wire protocol (bad magic, size over a limit, malformed header)."""

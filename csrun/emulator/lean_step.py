@@ -14,7 +14,7 @@ condition below does not hold) the engine runs ``optimizer.step()``.
 - **SGD** (``torch.optim.SGD`` itself, built with ``foreach=True`` as the engine builds it):
   every group with a float learning rate, dense gradients, not ``maximize``, ``differentiable``
   or ``fused``; with momentum, every buffer already created (the engine creates them before the
-  first step: :func:`~csrun.emulator.optimizers.preinitialize_state`); no step hooks on the
+  first step: :func:`~csrun.program.optimizer_classes.preinitialize_state`); no step hooks on the
   optimizer or registered globally.
 
 :class:`ScriptedUpdate` goes further for the common case of that SGD (one group holding the

@@ -23,7 +23,8 @@ import torch
 
 from csrun.emulator import wire
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.errors import DeviceError, ProtocolError, StepFailed
+from csrun.emulator.errors import ProtocolError
+from csrun.program.errors import DeviceError, StepFailed
 from csrun.emulator.guard import WatchedSocket, cut
 from csrun.emulator.program import load_program
 from csrun.emulator.step_plan import StepPlan

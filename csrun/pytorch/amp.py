@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from csrun.compiler.spec import LossScalingSpec
-from csrun.emulator.loss_scaling import check_clipping
+from csrun.program.clipping import check_clipping
 from csrun.errors import UserError
 from csrun.program.loss_scaling import INITIAL_LOSS_SCALE, MAX_LOSS_SCALE, MIN_LOSS_SCALE, STEPS_PER_INCREASE
 from csrun.pytorch.backends import HalfDtype, training_settings, update_settings

@@ -15,7 +15,7 @@ import torch
 import csrun.torch as cbtorch
 from csrun.cluster import cluster_info
 from csrun.compiler.settings import CompileSettings, settings_from_config
-from csrun.emulator.errors import DeviceError
+from csrun.program.errors import DeviceError
 from csrun.errors import EnvironmentFailure, UsageError, UserError, describe_os_error, os_error_in
 from csrun.run import cli_args, loops
 from csrun.run.checkpoints import CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint
@@ -61,7 +61,7 @@ def seed_everything(seed: int | None) -> None:
 
 
 def _optimizer(params: Params, model: torch.nn.Module, settings: Any) -> torch.optim.Optimizer:
-    from csrun.emulator.optimizers import build_optimizer, preinitialize_state
+    from csrun.program.optimizer_classes import build_optimizer, preinitialize_state
     from csrun.program.schedules import build_schedule
 
     spec = settings.optimizer

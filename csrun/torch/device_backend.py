@@ -17,9 +17,8 @@ from torch.utils.data import DataLoader
 
 from csrun.driver.closures import StepClosure
 from csrun.driver.compile_info import CompileInfo
-from csrun.driver.driver import DeviceDriver, DeviceUsageError
+from csrun.driver.driver import Device, DeviceDriver, DeviceUsageError
 from csrun.driver.options import DeviceOptions
-from csrun.emulator.device import Device
 from csrun.torch.process_state import state
 
 __all__ = ["DeviceBackend", "DeviceUsageError", "make_device_backend"]

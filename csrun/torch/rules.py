@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from csrun.emulator.loss_scaling import check_clipping, clip_gradients
+from csrun.program.clipping import check_clipping, clip_gradients
 from csrun.program.schedules import Schedule, build_schedule
 
 

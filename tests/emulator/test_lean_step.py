@@ -10,7 +10,7 @@ import torch
 from torch.optim import optimizer as torch_optimizer
 
 from csrun.emulator.lean_step import lean_step
-from csrun.emulator.optimizers import build_optimizer, preinitialize_state
+from csrun.program.optimizer_classes import build_optimizer, preinitialize_state
 
 
 def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:

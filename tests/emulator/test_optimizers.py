@@ -11,7 +11,7 @@ import torch
 from csrun.compiler.spec import OptimizerSpec
 from csrun.emulator.engine import Engine
 from csrun.emulator.errors import SpecError
-from csrun.emulator.optimizers import OPTIMIZERS, build_optimizer
+from csrun.program.optimizer_classes import OPTIMIZERS, build_optimizer
 
 from .helpers import MLP, adamw_no_bias_correction_per_tensor, make_program, make_spec, mlp_batches, quiet
 
@@ -133,7 +133,7 @@ FOREACH_VARIANTS = [
 
 @pytest.mark.parametrize("name,hp", FOREACH_VARIANTS, ids=[f"{n}-{'-'.join(h) or 'default'}" for n, h in FOREACH_VARIANTS])
 def test_foreach_updates_equal_eager_per_tensor_ones(name: str, hp: dict) -> None:
-    from csrun.emulator.optimizers import FOREACH_EXACT
+    from csrun.program.optimizer_classes import FOREACH_EXACT
 
     assert name in FOREACH_EXACT
     torch.manual_seed(0)

@@ -12,7 +12,8 @@ from torch import nn
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec
 from csrun.emulator.embedded import EmbeddedDevice
 from csrun.emulator.engine import Engine, parse_device
-from csrun.emulator.errors import DeviceTensorReadError, SpecError, StepFailed
+from csrun.emulator.errors import DeviceTensorReadError, SpecError
+from csrun.program.errors import StepFailed
 
 from .helpers import MLP, input_specs, make_program, make_spec, mlp_batches, quiet
 

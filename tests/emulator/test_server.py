@@ -323,7 +323,7 @@ def test_a_huge_shape_fails_the_step_in_one_logged_line(server: EmulatorServer, 
                                                          caplog: pytest.LogCaptureFixture) -> None:
     """An empty tensor with a 2^30 dimension passes the wire (0 bytes) and fails the step: the
     client is told, the server logs one line (the traceback only at debug level)."""
-    from csrun.emulator.errors import StepFailed
+    from csrun.program.errors import StepFailed
 
     caplog.set_level(logging.INFO)
     ep, spec, batches = program

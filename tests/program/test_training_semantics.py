@@ -32,7 +32,7 @@ from csrun.errors import ConfigError
 from csrun.compiler.spec import LossScalingSpec, ProgramSpec
 from csrun.emulator.engine import Engine
 from csrun.emulator.loss_scaling import LossScaler
-from csrun.emulator.optimizers import AdamWNoBiasCorrection
+from csrun.program.optimizer_classes import AdamWNoBiasCorrection
 from csrun.program import loss_scaling as scaling_table
 from csrun.program import optimizer_config
 from csrun.program import optimizers as table
@@ -287,7 +287,7 @@ def test_the_engines_own_classes_compile_as_their_type() -> None:
     """The runner builds AdamWNoBiasCorrection for ``correct_bias: false``: the compiler must accept it
     (it refused it as 'not one the system has') and rebuild the same class from its spec."""
     from csrun.compiler.optim import optimizer_spec_from_torch
-    from csrun.emulator.optimizers import Lamb, build_optimizer
+    from csrun.program.optimizer_classes import Lamb, build_optimizer
 
     weight = torch.nn.Parameter(torch.ones(2))
     for made, kind in ((AdamWNoBiasCorrection([weight]), "adamw"), (Lamb([weight]), "lamb")):

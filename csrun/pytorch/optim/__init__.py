@@ -3,13 +3,13 @@
 One class per optimizer type of :data:`csrun.program.optimizers.OPTIMIZERS` (the table is the
 one list: the classes here are made from it), each a subclass of :class:`Optimizer` and of
 the torch class it names (``torch.optim.SGD``, ``Adam``, ``AdamW``, ...; ``Lamb`` is the
-engine's own, :class:`csrun.emulator.optimizers.Lamb`). Building one hands it to the backend
+engine's own, :class:`csrun.program.optimizer_classes.Lamb`). Building one hands it to the backend
 (``cbtorch.optimizer``): on the device ``step()`` / ``zero_grad()`` become the step's order
 checks and the device runs the update; on the CPU it is the torch optimizer.
 
 :func:`configure_optimizer` builds one from the legacy ``optimizer_type`` and keys
 (``beta1``/``beta2``, ``weight_decay_rate``, ``correct_bias``, ``exclude_from_weight_decay``...)
-with the runner's own builder (:func:`csrun.emulator.optimizers.build_optimizer`);
+with the runner's own builder (:func:`csrun.program.optimizer_classes.build_optimizer`);
 :func:`configure_lr_scheduler` builds a :class:`~csrun.pytorch.optim.lr_scheduler.LRScheduler`
 from the legacy ``learning_rate`` forms (see :mod:`csrun.pytorch.optim.lr_scheduler`).
 
@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import torch
 
 import csrun.torch as cbtorch
-from csrun.emulator import optimizers as engine_optimizers
+from csrun.program import optimizer_classes as engine_optimizers
 from csrun.errors import UserError
 from csrun.program.optimizers import OPTIMIZERS
 from csrun.program.optimizers import Optimizer as OptimizerEntry

@@ -1,4 +1,4 @@
-"""Optimizers: the legacy ``optimizer_type`` list built from an :class:`OptimizerSpec`.
+"""The optimizer table's types as torch optimizers: the classes, the builder, the learning rate and the first state.
 
 The types, their classes and their defaults are the optimizer table,
 :mod:`csrun.program.optimizers`. Names are case-insensitive and map to ``torch.optim`` classes
@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from csrun.emulator.errors import SpecError
+from csrun.program.errors import SpecError
 from csrun.program.optimizers import (
     DEFAULT_BETAS,
     NO_BIAS_CORRECTION_EPS,
