@@ -27,10 +27,18 @@ from csrun.compiler.errors import (
     BadBatch, CaptureFailed, CompileError, DataDependentControlFlow, Location, TensorToScalar,
     UnsupportedOutput,
 )
-from csrun.compiler.locate import caller_location, definition_location, is_user_file, location_of, user_frame_in_exception
+from csrun.compiler.locate import (
+    caller_location,
+    definition_location,
+    is_user_file,
+    location_of,
+    user_frame_in_exception,
+    user_frame_in_message,
+)
 from csrun.compiler.python_state import forward_changes, in_forward
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec, TensorSpec
+from csrun.program.spec import reads_a_scalar
 
 _VALUE_READS = frozenset({"__bool__", "item", "__float__", "__int__", "__index__", "tolist", "numpy",
                           "__array__", "__repr__", "__str__", "__format__"})
@@ -232,7 +240,6 @@ def _error_from_export_failure(exc: BaseException, *, after_stand_in: bool = Fal
     return CaptureFailed(f"torch.export could not capture the step: {first}", location=loc or caller_location())
 
 
-_SCALAR_READ_OPS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
 
 
 def _scalar_decays(program: torch.export.ExportedProgram) -> list[CompileError]:
@@ -240,14 +247,12 @@ def _scalar_decays(program: torch.export.ExportedProgram) -> list[CompileError]:
     saw): a tensor passed where an op takes a Scalar, e.g. ``addcdiv(..., value=<tensor>)``
     (seed 002: "Avoid Decaying Traced Tensors to Scalars"). The graph would carry an unbacked
     symbol, which the program archive refuses and a trace would freeze."""
-    from csrun.compiler.locate import _user_frame_in_message
-
     found: list[CompileError] = []
     for node in program.graph.nodes:
-        if node.op != "call_function" or node.target not in _SCALAR_READ_OPS:
+        if node.op != "call_function" or not reads_a_scalar(node.target):
             continue
         users = [getattr(u.target, "__name__", str(u.target)) for u in node.users]
-        loc = _user_frame_in_message(node.meta.get("stack_trace") or "") or caller_location()
+        loc = user_frame_in_message(node.meta.get("stack_trace") or "") or caller_location()
         used = f" (passed to {', '.join(sorted(set(users)))} where it takes a number)" if users else ""
         problem = TensorToScalar(
             f"a tensor of the step is turned into a Python number{used}; the system raised 'SyncTensor called "

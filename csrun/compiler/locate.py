@@ -67,10 +67,11 @@ def user_frame_in_exception(exc: BaseException) -> Location | None:
         if loc is not None:
             return loc
         e = e.__cause__ or e.__context__
-    return _user_frame_in_message(str(exc))
+    return user_frame_in_message(str(exc))
 
 
-def _user_frame_in_message(text: str) -> Location | None:
+def user_frame_in_message(text: str) -> Location | None:
+    """The innermost user frame a text names as torch prints them (``File "x.py", line N, in f``)."""
     import re
 
     for m in reversed(list(re.finditer(r'File "([^"]+)", line (\d+), in (\S+)', text))):

@@ -105,6 +105,11 @@ def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.
     groups = optimizer.param_groups
     if kind == "adam" and groups[0].get("decoupled_weight_decay"):
         kind = "adamw"
+    if kind == "sgd" and any(g.get("momentum") and g.get("dampening") for g in groups):
+        raise UnsupportedOptimizer(
+            "SGD with momentum and dampening: torch starts the momentum from the first gradient undamped, the "
+            "system's optimizer state exists before the first step (so the first step would be damped)",
+            fix="use dampening=0 (the system's SGD), or no momentum", location=caller_location())
     base = {**_hyperparameters(groups[0]), **getattr(type(optimizer), "legacy_hyperparameters", {})}
     if learning_rates is not None and len(learning_rates) != len(groups):
         raise ValueError(f"{len(learning_rates)} learning rates for {len(groups)} param groups")  # a csrun bug

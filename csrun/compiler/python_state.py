@@ -6,9 +6,10 @@ reads the value again at every call, so csrun watches the values a script change
 
 * A :class:`PythonStateWatch` per model (the driver's) hears, through a hook on
   ``nn.Module.__setattr__`` installed once per process, the assignments to its modules. A plain
-  value (a number, string, bool, None, or a tuple/list/dict of them) assigned to one of their
-  attributes bumps :attr:`PythonStateWatch.version` and is remembered with its line. Tensors,
-  parameters and submodules are not Python values (buffers and parameters are device state),
+  value (a number, string, bool, None, a tuple/list/dict of them, or a small tensor that is not
+  a parameter: the capture bakes it in as a constant) assigned to one of their attributes bumps
+  :attr:`PythonStateWatch.version` and is remembered with its line. Parameters, buffers and
+  submodules are not such values (buffers and parameters are device state),
   and ``training`` is the module mode, which the driver records per call (an assignment of it
   bumps :attr:`PythonStateWatch.mode_version`, so the modes are read again only then).
 * The driver compares, at each model call, the values set since the step was recorded with the
@@ -64,10 +65,18 @@ class Change:
         return f"{path}{'.' if path else ''}{self.name} changed ({self.old!r} -> {self.new!r})"
 
 
+SMALL_TENSOR = 4096
+"""A plain tensor attribute up to this many elements is a value of the step (a temperature, a
+mask): the capture bakes it into the program as a constant, so a new one recompiles."""
+
+
 def plain(value: Any) -> bool:
-    """Whether ``value`` is plain Python data (what a branch can depend on and ``==`` compares)."""
+    """Whether ``value`` is plain data a step can depend on: Python data that ``==`` compares, or
+    a small tensor attribute that is not a parameter (the capture's constants)."""
     if value is None or isinstance(value, (bool, int, float, str, bytes, enum.Enum)):
         return True
+    if isinstance(value, torch.Tensor):
+        return not isinstance(value, torch.nn.Parameter) and value.numel() <= SMALL_TENSOR and not value.is_meta
     if isinstance(value, (tuple, list)):
         return len(value) <= 64 and all(plain(v) for v in value)
     if isinstance(value, dict):
@@ -100,8 +109,9 @@ class PythonStateWatch:
         self.version += 1
 
     def guards(self) -> dict[tuple[int, str], Any]:
-        """The current value of every attribute a script has assigned so far (what the step saw)."""
-        return {key: module.__dict__.get(key[1], None) for key, (module, _) in self._first.items()}
+        """The current value of every attribute a script has assigned so far (what the step saw;
+        tensors copied, so a later fill in place shows as a change)."""
+        return {key: _kept(module.__dict__.get(key[1], None)) for key, (module, _) in self._first.items()}
 
     def changed_since(self, guards: dict[tuple[int, str], Any]) -> Change | None:
         """The last assignment that made a value differ from ``guards`` (a value assigned only
@@ -128,10 +138,15 @@ def _hook(module: torch.nn.Module, name: str, value: Any) -> None:
         return
     watch = _OWNERS.get(module)
     capture = getattr(_CAPTURE, "capture", None)
+    if capture is not None and isinstance(value, torch.Tensor):
+        return  # the capture's own tensors (fake ones), not the script's values
     sink = capture[1] if capture is not None and id(module) in capture[0] else None
     if watch is None and sink is None:
         return
-    old = module.__dict__.get(name, _MISSING)
+    state = module.__dict__
+    if name in state.get("_parameters", ()) or name in state.get("_buffers", ()) or name in state.get("_modules", ()):
+        return  # device state, or a submodule
+    old = state.get(name, _MISSING)
     if old is not _MISSING and not plain(old):
         return
     if watch is not None:
@@ -154,7 +169,14 @@ def in_forward(model: torch.nn.Module) -> Iterator[list[Change]]:
         _CAPTURE.capture = previous
 
 
+def _kept(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
 def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a.detach().cpu(), b.detach().cpu())))
     try:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # noqa: BLE001 - a value without a usable ==: same only if identical

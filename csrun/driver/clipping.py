@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 import torch
 
-from csrun.compiler.errors import at
+from csrun.compiler.errors import Location, at
 from csrun.compiler.locate import caller_location
 from csrun.errors import UserError
 
@@ -57,6 +57,8 @@ class Clip:
     limit: float
     """``max_norm`` or ``clip_value``."""
     norm_type: float = 2.0
+    location: Location | None = field(default=None, compare=False)
+    """The call's line (for refusals at the step's boundary)."""
 
     def describe(self) -> str:
         """The call as the user wrote it."""
@@ -118,7 +120,8 @@ def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0, er
     if not (norm > 0 or math.isinf(norm)):
         raise ClippingError(f"{at(caller_location())}clip_grad_norm_(norm_type={norm_type!r}): give a positive norm "
                             "type or inf")
-    return target.clip_gradients(Clip(kind=NORM, limit=_limit(max_norm, "max_norm"), norm_type=norm), params)
+    return target.clip_gradients(Clip(kind=NORM, limit=_limit(max_norm, "max_norm"), norm_type=norm,
+                                      location=caller_location()), params)
 
 
 def clip_grad_value_(parameters: Any, clip_value: float, foreach: bool | None = None) -> None:
@@ -127,7 +130,7 @@ def clip_grad_value_(parameters: Any, clip_value: float, foreach: bool | None = 
     target = _owner(params)
     if target is None:
         return _ORIGINAL[VALUE](params, clip_value, foreach)
-    target.clip_gradients(Clip(kind=VALUE, limit=_limit(clip_value, "clip_value")), params)
+    target.clip_gradients(Clip(kind=VALUE, limit=_limit(clip_value, "clip_value"), location=caller_location()), params)
     return None
 
 
@@ -138,6 +141,14 @@ def _limit(value: Any, name: str) -> float:
         raise ClippingError(f"{at(caller_location())}{name}={value!r}: the device clips by a positive number known "
                             "when the step is compiled")
     return float(value)
+
+
+def torch_clipping(kind: str) -> Callable[..., Any]:
+    """torch's own ``clip_grad_norm_`` (:data:`NORM`) or ``clip_grad_value_`` (:data:`VALUE`),
+    whatever csrun put in ``torch.nn.utils`` (the check against eager PyTorch clips with it)."""
+    import torch.nn.utils.clip_grad as clip_grad_module
+
+    return _ORIGINAL.get(kind) or getattr(clip_grad_module, kind)
 
 
 def _install() -> None:

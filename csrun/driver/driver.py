@@ -52,12 +52,12 @@ from torch.utils.data import DataLoader
 from csrun.compiler.flow import CompileResult, compile_only, exit_code, load_program, settings_with_optimizer
 from csrun.compiler.flow import validate_only as validate_step
 from csrun.compiler.errors import at
-from csrun.compiler.locate import caller_location
 from csrun.compiler.python_state import PythonStateWatch
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
 from csrun.driver import clipping, legacy_state
 from csrun.driver.clipping import Clip, ClippingError
+from csrun.driver.hooks import backward_hook_in, optimizer_hooks_on
 from csrun.driver.closures import ClosureRunner, StepClosure
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
@@ -189,6 +189,8 @@ class DeviceDriver:
         self._step_rates: list[float] | None = None
         """Each group's learning rate when the open step called ``optimizer.step()`` (while checking)."""
         self._skip_notices: set[str] = set()
+        self._checked_programs: set[str] = set()
+        """The recorded steps whose programs were checked against eager PyTorch (each once)."""
         """Weights whose ``.grad`` is a :class:`~csrun.driver.clipping.DeviceGradient` (the first step)."""
         self._atexit = False
 
@@ -209,7 +211,8 @@ class DeviceDriver:
         def zero_grad(set_to_none: bool = True) -> None:
             driver.order.zero_grad()
             driver._unmark()
-            own_zero_grad(set_to_none)
+            with driver.view.internal():  # csrun's own walk over the weights, not the script's read
+                own_zero_grad(set_to_none)
 
         model.zero_grad = zero_grad  # type: ignore[method-assign]  # the device's gradients go too
         self.model = model
@@ -273,10 +276,19 @@ class DeviceDriver:
         """``clip_grad_norm_`` / ``clip_grad_value_`` on the model's weights: the open training step
         clips its gradients on the device (the norm comes back as a device value)."""
         step = self.open_step
-        where = at(caller_location())
         if step is None or step.mode != "train" or self.order.phase != "backward":
-            raise ClippingError(f"{where}{clip.kind} outside loss.backward() ... optimizer.step() of a training step: "
-                                "the device clips the gradients its update applies; call it between the two")
+            raise ClippingError(f"{at(clip.location)}{clip.kind} outside loss.backward() ... optimizer.step() of a "
+                                "training step: the device clips the gradients its update applies; call it between "
+                                "the two")
+        self._refuse_clip(clip, params)
+        self._step_clip = clip
+        if clip.kind == clipping.NORM:
+            return step.recorder.engine_value(GRAD_NORM, torch.Size([]), torch.float32)
+        return None
+
+    def _refuse_clip(self, clip: Clip, params: list[torch.Tensor]) -> None:
+        """Refuse, at the call, a clipping whose eager result the device's would not equal."""
+        where = at(clip.location)
         if self.model is None:
             raise DeviceUsageError("wrap the model with cbtorch.module(model) before clipping")
         trainable = {id(p) for p in self.model.parameters() if p.requires_grad}
@@ -284,13 +296,18 @@ class DeviceDriver:
         if given != trainable:
             raise ClippingError(f"{where}{clip.kind} on {len(given)} of the model's {len(trainable)} trainable weights: "
                                 "the device clips all of them together; pass model.parameters()")
+        held = {id(p) for g in self.optimizer.param_groups for p in g["params"]} if self.optimizer else trainable
+        if clip.kind == clipping.NORM and trainable - held:
+            raise ClippingError(f"{where}{clip.kind} over {len(trainable - held)} trainable weights the optimizer does "
+                                "not update: eager PyTorch keeps adding up their gradients (optimizer.zero_grad() does "
+                                "not clear them) and counts them in the norm; freeze them (requires_grad_(False))")
+        if self.order.scaled and not self.order.unscaled:
+            raise ClippingError(f"{where}{clip.kind} on loss-scaled gradients (no scaler.unscale_(optimizer) before "
+                                "it): eager PyTorch clips the scaled gradients, the device the unscaled ones; call "
+                                "scaler.unscale_(optimizer) before clipping (PyTorch's recipe)")
         if self._step_clip is not None:
             raise ClippingError(f"{where}{clip.describe()} after {self._step_clip.describe()} in the same step: the "
                                 "device clips once per step, by norm or by value")
-        self._step_clip = clip
-        if clip.kind == clipping.NORM:
-            return step.recorder.engine_value(GRAD_NORM, torch.Size([]), torch.float32)
-        return None
 
     def _step_plan(self) -> StepPlan:
         """At a training step's boundary: what the device runs after the forward (the step order's
@@ -301,11 +318,11 @@ class DeviceDriver:
         if clip is None:
             return plan
         if not plan.update:
-            raise ClippingError(f"{at(self.order.backward_at)}{clip.describe()} in a step without optimizer.step(): "
+            raise ClippingError(f"{at(clip.location)}{clip.describe()} in a step without optimizer.step(): "
                                 "the device clips the gradients of an update; clip right before optimizer.step()")
         settings = self.options.settings
         if settings is not None and (settings.max_gradient_norm or settings.max_gradient_value):
-            raise ClippingError(f"{at(self.order.stepped_at)}{clip.describe()} in the step and clipping in the "
+            raise ClippingError(f"{at(clip.location)}{clip.describe()} in the step and clipping in the "
                                 "compile settings (max_gradient_norm / max_gradient_value): give one of them")
         return replace(plan, **clip.plan_fields())
 
@@ -318,6 +335,12 @@ class DeviceDriver:
         self.order.backward()
         step = self.open_step
         if step is not None and step.recorder.recording_step and self.model is not None:
+            hook = backward_hook_in(self.model)
+            if hook is not None:
+                raise DeviceUsageError(f"{at(self.order.backward_at)}{hook} runs Python in the backward: the device "
+                                       "runs the step's backward itself and would leave it out; clip with "
+                                       "torch.nn.utils.clip_grad_norm_ / clip_grad_value_ (the step's clipping), "
+                                       "or remove the hook")
             self._marked = clipping.mark_gradients(self.model.parameters())
 
     def begin_session(self, mode: Mode) -> None:
@@ -358,6 +381,7 @@ class DeviceDriver:
     def end_session(self, failed: bool) -> None:
         """Wait for async closures and the device; check the last step was complete."""
         self._unmark()
+        self.view.after_update = False
         if failed:
             step, self.open_step = self.open_step, None
             if step is not None:
@@ -393,6 +417,10 @@ class DeviceDriver:
         step.calls += 1
         if self._model_forward is None or self.model is None:
             raise DeviceUsageError("wrap the model with cbtorch.module(model) before calling it")
+        if self.view.after_update:  # a call after optimizer.step(): its recording reads the CPU copies
+            with self.view.internal():
+                return step.recorder.model_call(self.model, self._model_forward, args, kwargs,
+                                                on_backward=self._on_backward)
         return step.recorder.model_call(self.model, self._model_forward, args, kwargs,
                                         on_backward=self._on_backward)
 
@@ -402,6 +430,7 @@ class DeviceDriver:
         step, self.open_step = self.open_step, None
         assert step is not None  # noqa: S101 - callers check
         self._unmark()
+        self.view.after_update = False
         recording, values = step.recorder.end()
         if step.calls == 0:
             return  # a batch the loop did not use: nothing to run
@@ -423,7 +452,8 @@ class DeviceDriver:
             device = self._device()
             device.synchronize()
             with self.view.internal():
-                check.finish(handle.result(), device.state_dict())
+                if not check.finish(handle.result(), device.state_dict()):
+                    self._verify_left = 0
         values.inputs = ()  # the device has them: a step value kept for a later closure must not keep the batch
         values.outputs = handle.result
         if step.mode == "train":
@@ -433,39 +463,46 @@ class DeviceDriver:
                      inputs: tuple[torch.Tensor, ...]) -> StepCheck | None:
         """A check of this step against eager PyTorch (the device's state before it fetched now),
         or None when this step cannot be checked (a notice says why, once)."""
-        device = self._device()
-        reason = ""
-        if self._random and not (isinstance(device, EmbeddedDevice) and device.device.type == "cpu"):
-            reason = "it draws random numbers (dropout), which only the in-process CPU emulator draws as eager does"
-        elif step.mode == "train" and plan.backward and not plan.clear_grads:
-            reason = "it adds to gradients earlier steps accumulated, which are not part of the device's state"
+        reason = self._unchecked_because(step, plan)
         model, loaded = self.model, self.loaded
-        if model is None or loaded is None:
-            reason = reason or "the model is not wrapped"
         if reason or model is None or loaded is None:
             self._verify_left = 0
+            reason = reason or "the model is not wrapped"
             if reason not in self._skip_notices:
                 self._skip_notices.add(reason)
                 log.warning("step %d is not checked against eager PyTorch: %s", self.steps_begun, reason)
             return None
-        settings = self.options.settings
-        schedule = settings.learning_rate if settings is not None and settings.learning_rate not in (None, 0, 0.0) \
-            else None
+        settings = self.options.settings or CompileSettings()
         facts = StepFacts(number=self.steps_begun, mode=step.mode, recording=recording, inputs=inputs, plan=plan,
-                          precision=loaded.spec.precision, learning_rates=self._step_rates, schedule=schedule,
-                          settings_clip=(settings.max_gradient_norm, settings.max_gradient_value) if settings else
-                          (None, None), stepped_at=self.order.stepped_at)
-        self._step_rates = None
+                          precision=loaded.spec.precision, learning_rates=self._step_rates,
+                          schedule=settings.learning_rate if settings.learning_rate not in (None, 0, 0.0) else None,
+                          settings_clip=(settings.max_gradient_norm, settings.max_gradient_value),
+                          stepped_at=self.order.stepped_at)
         with self.view.internal():
             return StepCheck(facts, model, self.optimizer if step.mode == "train" else None,
-                             device.state_dict(), self.view)
+                             self._device().state_dict(), self.view)
+
+    def _unchecked_because(self, step: OpenStep, plan: StepPlan) -> str:
+        """Why this step cannot be checked against eager PyTorch ("" when it can)."""
+        device = self._device()
+        if self._random and not (isinstance(device, EmbeddedDevice) and device.device.type == "cpu"):
+            return "it draws random numbers (dropout), which only the in-process CPU emulator draws as eager does"
+        if step.mode == "train" and plan.backward and not plan.clear_grads:
+            return "it adds to gradients earlier steps accumulated, which are not part of the device's state"
+        return ""
 
     def optimizer_step(self) -> None:
         """``optimizer.step()``: checked; counts the global step."""
         self.order.optimizer_step()
+        if self.optimizer is not None and optimizer_hooks_on(self.optimizer):
+            raise DeviceUsageError(f"{at(self.order.stepped_at)}the optimizer has step hooks "
+                                   "(register_step_pre_hook / register_step_post_hook): they run Python around each "
+                                   "update, which the device runs itself and would leave them out; remove them, or "
+                                   "do their work in a step closure")
         if self.open_step is not None:
             self.open_step.recorder.optimizer_stepped()
-        if self._verify_left > 0 and self.optimizer is not None:
+            self.view.after_update = True
+        if self.optimizer is not None:  # what the script's optimizer would use (the check's eager step)
             self._step_rates = [float(g["lr"]) for g in self.optimizer.param_groups]
         self.global_step += 1
 
@@ -530,7 +567,9 @@ class DeviceDriver:
                 raise RuntimeError("csrun: a cache hit without its directory or the model")  # a csrun bug
             program, _ = load_program(directory, weights=model.state_dict())
         loaded = LoadedProgram(mode=mode, spec=spec, step=recording.signature())
-        self._verify_left = self.options.verify_steps if self.options.verify_steps is not None else 0
+        fresh = loaded.step not in self._checked_programs  # a program loaded again (a flag switched back) is not
+        self._checked_programs.add(loaded.step)            # checked again: each program's first steps are
+        self._verify_left = (self.options.verify_steps or 0) if fresh else 0
         self._random = draws_random(program)
         t0 = time.perf_counter()
         device.load(program, loaded.spec)
@@ -571,7 +610,9 @@ class DeviceDriver:
             if self.pending is not None:
                 return dict(self.pending.state)
             return legacy_state.eager_state(self.model, self.optimizer, self.global_step)
-        state = legacy_state.from_device(self.device.state_dict(), self.model, self.optimizer)
+        schedulers = self.schedulers is not None and bool(self.schedulers.schedulers)
+        state = legacy_state.from_device(self.device.state_dict(), self.model, self.optimizer,
+                                         own_learning_rates=schedulers)
         if self.loaded.mode != "train":
             state["global_step"] = self.global_step
             if self.train_state is not None:

@@ -104,8 +104,11 @@ def _aliases(model: torch.nn.Module | None) -> dict[str, list[str]]:
     return {n: names for names in groups.values() for n in names}
 
 
-def from_device(dev: Mapping[str, Any], model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> dict:
-    """The legacy state from a device state (``Device.state_dict()``)."""
+def from_device(dev: Mapping[str, Any], model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, *,
+                own_learning_rates: bool = False) -> dict:
+    """The legacy state from a device state (``Device.state_dict()``); ``own_learning_rates``:
+    each group's ``lr`` is the user optimizer's (torch schedulers keep it where eager would have
+    it: the next step's), not the one the device used last."""
     tensors = {**dev.get("params", {}), **dev.get("buffers", {})}
     if model is not None:
         aliases = _aliases(model)
@@ -123,7 +126,8 @@ def from_device(dev: Mapping[str, Any], model: torch.nn.Module | None, optimizer
         state = {where[n]: _copy(opt_state["state"][i]) for i, n in enumerate(dev.get("param_names", []))
                  if n in where and i in opt_state.get("state", {})}
         groups = _copy(optimizer.state_dict()["param_groups"])
-        _device_learning_rates(groups, opt_state.get("param_groups") or [], names, dev.get("param_names", []))
+        if not own_learning_rates:
+            _device_learning_rates(groups, opt_state.get("param_groups") or [], names, dev.get("param_names", []))
         opt_out: dict = {"state": state, "param_groups": groups}
     else:
         opt_out = _copy(opt_state) if opt_state else {}
@@ -133,8 +137,9 @@ def from_device(dev: Mapping[str, Any], model: torch.nn.Module | None, optimizer
 
 def _device_learning_rates(groups: list[dict[str, Any]], dev_groups: list[dict[str, Any]], names: list[str],
                            dev_names: list[str]) -> None:
-    """Each user param group's ``lr`` from the device group holding its first weight (the device's
-    groups number their weights in ``dev_names`` order, group after group)."""
+    """Each user param group's ``lr`` from the device group holding one of its weights (the first
+    the device has: a frozen weight is in no device group; the device's groups number their
+    weights in ``dev_names`` order, group after group)."""
     group_of: dict[str, int] = {}
     at = 0
     for i, g in enumerate(dev_groups):
@@ -143,10 +148,9 @@ def _device_learning_rates(groups: list[dict[str, Any]], dev_groups: list[dict[s
                 group_of[dev_names[at]] = i
             at += 1
     for g in groups:
-        first = names[g["params"][0]] if g.get("params") else None
-        i = group_of.get(first, 0) if first is not None else 0
-        if i < len(dev_groups) and "lr" in dev_groups[i]:
-            g["lr"] = dev_groups[i]["lr"]
+        found = next((group_of[names[k]] for k in g.get("params", ()) if names[k] in group_of), None)
+        if found is not None and found < len(dev_groups) and "lr" in dev_groups[found]:
+            g["lr"] = dev_groups[found]["lr"]
 
 
 def to_device(state: Mapping[str, Any], template: Mapping[str, Any], model: torch.nn.Module | None,

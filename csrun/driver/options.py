@@ -15,7 +15,6 @@ DEFAULT_VERIFY_STEPS = 1
 """The first step of every program is checked against eager PyTorch unless told otherwise."""
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class DeviceOptions:
     """What ``initialize()`` was told about the device."""

@@ -12,7 +12,10 @@ them coherent:
   device's state (``get_state()``, which waits for the steps sent so far) and copies it into
   the CPU tensors in place. Reads in a step closure see the state after that closure's step;
   reads mid-step see the state before it. Between steps nothing is fetched: reading costs one
-  fetch per step at most, and ``get_state()`` stays the fast path.
+  fetch per step at most, and ``get_state()`` stays the fast path. A read after
+  ``optimizer.step()`` in the same step is refused at its line (:class:`ReadAfterUpdate`): eager
+  PyTorch would show the weights that step updated, which exist on the device only once the
+  step has run (a step closure sees them).
 * **Loads.** ``model.load_state_dict(...)`` and ``optimizer.load_state_dict(...)`` load the CPU
   copies as torch does, then the device's copy (now when a program is loaded, else with the
   program when it is).
@@ -29,6 +32,14 @@ import contextlib
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
+
+from csrun.compiler.errors import at
+from csrun.compiler.locate import caller_location
+from csrun.errors import UserError
+
+
+class ReadAfterUpdate(UserError):
+    """The model's weights (or the optimizer's state) read after ``optimizer.step()`` in the same step."""
 
 
 class StateSource(Protocol):
@@ -55,6 +66,8 @@ class StateView:
         self._internal = 0
         self.stale = False
         """The device has run steps since the CPU copies were last refreshed."""
+        self.after_update = False
+        """The open step called ``optimizer.step()``: its updated state exists on the device only."""
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
 
@@ -66,6 +79,16 @@ class StateView:
             yield
         finally:
             self._internal -= 1
+
+    def read(self, what: str) -> None:
+        """The script reads ``what`` through the torch objects: refused after ``optimizer.step()``
+        in the open step (see the module manual), else the CPU copies are brought up to date."""
+        if self.after_update and not self._internal:
+            raise ReadAfterUpdate(
+                f"{at(caller_location())}this reads {what} after optimizer.step() in the same step: eager PyTorch "
+                "would show the values that step updated, which exist on the device once the step has run; read "
+                "them in a step closure (cbtorch.add_step_closure / @step_closure), or before optimizer.step()")
+        self.refresh()
 
     def refresh(self) -> None:
         """Fetch the device's state into the CPU copies if they are stale."""
@@ -110,6 +133,7 @@ class StateView:
 
         def state_dict() -> dict[str, Any]:
             if not view._internal:
+                view.read("the optimizer's state")
                 with view.internal():
                     state = view._source.device_state()
                 if state is not None and state.get("optimizer"):
@@ -141,20 +165,21 @@ def _coherent_class(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
 
     def __getattr__(self: torch.nn.Module, name: str) -> Any:
         view = self.__dict__.get("_csrun_state_view")
-        if view is not None and view.stale:
-            view.refresh()
+        if view is not None and (view.stale or view.after_update) and (
+                name in self.__dict__.get("_parameters", ()) or name in self.__dict__.get("_buffers", ())):
+            view.read(f"the model's {name!r}")
         return base_getattr(self, name)
 
     def state_dict(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         view = _view_of(self)
         if view is not None:
-            view.refresh()
+            view.read("the model's state_dict()")
         return cls.state_dict(self, *args, **kwargs)
 
     def _named_members(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         view = _view_of(self)
         if view is not None:
-            view.refresh()
+            view.read("the model's parameters or buffers")
         return cls._named_members(self, *args, **kwargs)  # type: ignore[attr-defined]
 
     def load_state_dict(self: torch.nn.Module, state_dict: Mapping[str, Any], strict: bool = True,

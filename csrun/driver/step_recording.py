@@ -74,6 +74,7 @@ from csrun.compiler.errors import Location, at
 from csrun.compiler.locate import caller_location
 from csrun.compiler.python_state import PythonStateWatch, describe_change
 from csrun.emulator.errors import READ_HINT, DeviceTensorReadError
+from csrun.emulator.update_split import UPDATE_MARKER
 from csrun.errors import UserError
 
 # --------------------------------------------------------------------------------------------
@@ -134,10 +135,6 @@ class Const:
             return False
         return bool(torch.equal(a, b))
 
-
-UPDATE_MARKER = "__update__"
-"""The output that marks, by its place in the captured graph, where the optimizer's update
-happens in a step that runs the model again after ``optimizer.step()``."""
 
 GRAD_NORM = -2
 """The reference of the gradient norm ``clip_grad_norm_`` returns: a value the program's update
@@ -283,6 +280,12 @@ def _sketch(x: Any) -> Any:
     return x
 
 
+def _describe_call(args: Any, kwargs: Any) -> str:
+    """``(a, b, k=v)`` of a call's templates."""
+    inner = ", ".join([_describe(v) for v in tuple(args)] + [f"{k}={_describe(v)}" for k, v in (kwargs or {}).items()])
+    return f"({inner})"
+
+
 def _describe(t: Any) -> str:
     if isinstance(t, Ref):
         return f"v{t.index}"
@@ -386,10 +389,10 @@ class Entry:
     """``path.attribute = value`` of each guard, for the signature and messages."""
 
     def describe(self) -> str:
-        """``name(args)`` as the user would recognise it."""
+        """``name(args, keywords)`` as the user would recognise it."""
         name = "model" if self.func is None else getattr(self.func, "__name__", repr(self.func))
         at = f" at {self.location.filename}:{self.location.lineno}" if self.location else ""
-        return f"{name}{_describe(tuple(self.args))}{at}"
+        return f"{name}{_describe_call(self.args, self.kwargs)}{at}"
 
 
 @dataclass
@@ -734,6 +737,7 @@ class StepRecorder:
         self.recording: Recording | None = None
         """The compiled step's recording (None until :meth:`compiled` is called)."""
         self._guard_version = -1
+        self._noticed: set[str] = set()
         self.watch: PythonStateWatch | None = None
         """The Python values assigned to the model's modules (the driver shares one per model)."""
         self._draft: Recording | None = None
@@ -931,7 +935,11 @@ class StepRecorder:
         if self._pos != 0:
             raise StepChanged(f"a Python value the model reads changed within the step ({what})",
                               compiled=entry.describe(), location=caller_location())
-        self.notice(f"{what}: the step depends on it, so it is compiled again (the device runs the step it compiled)")
+        line = f"{change.location.filename}:{change.location.lineno}" if change.location else what
+        if line not in self._noticed:  # once per line; each change recompiles
+            self._noticed.add(line)
+            self.notice(f"{what}: the step depends on it, so it is compiled again (the device runs the step it "
+                        "compiled; a value that changes every step recompiles every step)")
         self.recording = None
         self._draft = Recording()
 
@@ -1069,7 +1077,7 @@ class StepRecorder:
             if _same_call(entry, func, args, kwargs):
                 return entry
         name = "model" if func is None else getattr(func, "__name__", repr(func))
-        raise StepChanged(f"{name}{_describe(_sketch(tuple(args)))}", compiled=first.describe(),
+        raise StepChanged(f"{name}{_describe_call(_sketch(tuple(args)), _sketch(kwargs))}", compiled=first.describe(),
                           location=caller_location())
 
     def _closed(self, step: StepState, func: Any, name: str,

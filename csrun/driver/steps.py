@@ -76,6 +76,10 @@ class StepOrder:
         """``zero_grad()`` was called since the last ``backward()``."""
         self.clear_before_backward = True
         """The current step's ``backward()`` came after a ``zero_grad()``: it starts from no gradients."""
+        self.scaled = False
+        """A loss scaler scaled this step's loss (the device scales it itself)."""
+        self.unscaled = False
+        """... and unscaled the gradients (``scaler.unscale_(optimizer)``) before clipping them."""
         self._backward_site: Site | None = None
         self._stepped_site: Site | None = None
 
@@ -97,6 +101,14 @@ class StepOrder:
         self.phase = "forward"
         self.step_number = step_number
         self.scheduler_stepped = False
+        self.scaled = self.unscaled = False
+
+    def loss_scaled(self, unscaled: bool) -> None:
+        """The loop's loss scaler scaled this step's loss (``unscaled``: then unscaled its gradients)."""
+        if unscaled:
+            self.unscaled = True
+        else:
+            self.scaled = True
 
     def backward(self) -> None:
         """``loss.backward()`` in the current step (the recorder checks it is on a scalar of this step)."""

@@ -269,15 +269,16 @@ class Engine:
         module.to(self.device)
         _move_constants(module, self.device)
         self.module = module
+        if self.half_weights is not None:
+            self.half_weights.bind()  # the leaves follow the fresh weights
         self._split = update_split.split_at_update(module) if self.training else None
-        """The program cut at its update, when the step ran the model again after it."""
+        """The program cut at its update, when the step ran the model again after it (made after
+        every attribute of the module is final: its parts read the module's weights and leaves)."""
         # the precision the forward's kernels run in: float32 when the graph rounds 16-bit values itself
         self._kernel_precision = "float32" if self.half_weights is not None else self.precision
         self._forward: Callable[[Any], Any] | None = None  # chosen at the first step (_forward_for)
         self._trace = (traced_forward.trace_mode() == "auto" and self.device.type == "cpu" and self._split is None
                        and precision.autocast_dtype(self._kernel_precision) is None)
-        if self.half_weights is not None:
-            self.half_weights.bind()  # the leaves follow the fresh weights
         self.named_params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named_params]
         self.global_step = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -314,7 +315,7 @@ class Engine:
                                     for g in groups] if any("learning_rate" in g for g in groups) else None
             self.optimizer = optimizers.build_optimizer(
                 opt_spec.type, dict(opt_spec.hyperparameters), self.named_params, lr=self._rates(0),
-                param_groups=groups)
+                param_groups=groups, weight_names=[n for n, _ in module.named_parameters()])
             optimizers.preinitialize_state(self.optimizer)
             self._lean_step = lean_step(self.optimizer)
             self._scripted_update = scripted_update(self.optimizer, self.params, self.half_weights)

@@ -56,10 +56,24 @@ class StepPlan:
             if key in _FLAGS:
                 if not isinstance(value, bool):
                     raise SpecError(f"step plan {key}: true or false, got {value!r}")
-            elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                        or not value > 0 or math.isnan(value)):
-                raise SpecError(f"step plan {key}: a positive number, got {value!r}")
+            elif value is not None or key == "gradient_norm_type":
+                values[key] = _positive(key, value)
+        if values.get("max_gradient_norm") is not None and values.get("max_gradient_value") is not None:
+            raise SpecError("step plan: max_gradient_norm and max_gradient_value together (one clipping per step)")
         return StepPlan(**values)
+
+
+def _positive(key: str, value: Any) -> float:
+    """A positive float (inf allowed) from the wire, else :class:`SpecError` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"step plan {key}: a positive number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise SpecError(f"step plan {key}: {value!r} is beyond a float") from None
+    if not number > 0:
+        raise SpecError(f"step plan {key}: a positive number, got {value!r}")
+    return number
 
 
 _FLAGS = frozenset({"backward", "update", "clear_grads"})

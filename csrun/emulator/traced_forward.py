@@ -40,11 +40,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from csrun.emulator.torchscript import unoptimized
+from csrun.program.spec import reads_a_scalar
 
 log = logging.getLogger("csrun.emulator")
 
 ENV = "CSRUN_ENGINE_TRACE"
-_SCALAR_READS = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
 """A trace records the number such an op returned on the first batch as a constant; the check
 on that same batch cannot see it."""
 MODES = ("auto", "off")
@@ -152,7 +152,7 @@ class TracedForward:
         leaves, in_spec = pytree.tree_flatten(batch)
         if not all(isinstance(x, torch.Tensor) for x in leaves):
             raise TypeError("a batch leaf is not a tensor")
-        if any(node.op == "call_function" and node.target in _SCALAR_READS for node in module.graph.nodes):
+        if any(node.op == "call_function" and reads_a_scalar(node.target) for node in module.graph.nodes):
             raise TypeError("the graph reads a tensor's value as a number (aten.item): a trace would freeze it")
         slots = _state_slots(module)
         n = len(leaves)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import torch
 
@@ -205,14 +205,17 @@ def build_optimizer(
     *,
     lr: float | Sequence[float],
     param_groups: Sequence[Mapping[str, Any]] = (),
+    weight_names: Collection[str] | None = None,
 ) -> torch.optim.Optimizer:
     """Build the optimizer named ``optimizer_type`` over ``named_params`` with initial ``lr``
     (one per param group, or one for all).
 
     ``param_groups`` (the spec's): the torch param groups, each ``{"params": [names], <its own
     hyperparameters>}`` (``learning_rate`` is the schedule's business, not the optimizer's); a
-    trainable weight no group names is not updated, as in torch. Raises :class:`SpecError` for an
-    unknown type or keyword (naming the valid ones) or a group naming a weight the program lacks.
+    trainable weight no group names is not updated, as in torch, and a frozen one a group names
+    is left out. ``weight_names``: every weight of the program, frozen ones too (None: those of
+    ``named_params``). Raises :class:`SpecError` for an unknown type or keyword (naming the valid
+    ones) or a group naming a weight the program lacks.
     """
     name = str(optimizer_type).lower()
     if name not in OPTIMIZERS:
@@ -234,7 +237,8 @@ def build_optimizer(
         raise SpecError("optimizer: exclude_from_weight_decay and param_groups both split the weights; give one")
     groups: list[dict[str, Any]]
     if param_groups:
-        groups = _groups_by_name(name, param_groups, named_params, valid)
+        known = set(weight_names) if weight_names is not None else {n for n, _ in named_params}
+        groups = _groups_by_name(name, param_groups, named_params, valid, known)
     elif exclude:
         decay = [p for n, p in named_params if not any(x in n for x in exclude)]
         no_decay = [p for n, p in named_params if any(x in n for x in exclude)]
@@ -270,7 +274,8 @@ def _refuse_unknown(name: str, kwargs: Mapping[str, Any], valid: Sequence[str]) 
 
 
 def _groups_by_name(name: str, param_groups: Sequence[Mapping[str, Any]],
-                    named_params: Sequence[tuple[str, torch.nn.Parameter]], valid: Sequence[str]) -> list[dict[str, Any]]:
+                    named_params: Sequence[tuple[str, torch.nn.Parameter]], valid: Sequence[str],
+                    known: set[str]) -> list[dict[str, Any]]:
     """The spec's param groups as torch groups over the program's weights (frozen weights dropped)."""
     trainable = dict(named_params)
     groups: list[dict[str, Any]] = []
@@ -279,6 +284,9 @@ def _groups_by_name(name: str, param_groups: Sequence[Mapping[str, Any]],
         names = spec_group.get("params")
         if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
             raise SpecError(f"optimizer: param_groups[{i}].params must be a list of weight names")
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise SpecError(f"optimizer: param_groups[{i}] names {unknown}, which the program has no weight of")
         twice = sorted(seen.intersection(names))
         if twice:
             raise SpecError(f"optimizer: param_groups[{i}] names {twice} again (a weight belongs to one group)")

@@ -29,6 +29,16 @@ from csrun.program.loss_scaling import (
     STEPS_PER_INCREASE,
 )
 
+SCALAR_READS = frozenset({"aten.item.default", "aten._local_scalar_dense.default"})
+"""The operators that read a tensor's value as a Python number: a program never holds one (the
+capture refuses the step, as the system did; a trace would freeze the number it read)."""
+
+
+def reads_a_scalar(target: object) -> bool:
+    """Whether a graph node's target is one of :data:`SCALAR_READS`."""
+    return str(target) in SCALAR_READS
+
+
 PRECISIONS = ("float16", "bfloat16", "cbfloat16", "float32")
 """Compute dtypes: the three the system had, plus float32 for exactness checks."""
 

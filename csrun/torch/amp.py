@@ -83,7 +83,10 @@ class GradScaler:
 
     def scale(self, loss: Any) -> Any:
         """The loss multiplied by the current scale (on the device: the loss; the device scales)."""
-        if not self.enabled or _on_device():
+        if not self.enabled:
+            return loss
+        if _on_device():
+            state().backend.loss_scaled(unscaled=False)
             return loss
         if self.static_scale is not None:
             return loss * self.static_scale
@@ -92,7 +95,10 @@ class GradScaler:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the optimizer's gradients by the scale now (to clip them before :meth:`step`,
         which then does not divide again); on the device it does nothing (the device unscales)."""
-        if not self.enabled or _on_device():
+        if not self.enabled:
+            return
+        if _on_device():
+            state().backend.loss_scaled(unscaled=True)
             return
         if self.static_scale is None:
             self._torch.unscale_(optimizer)

@@ -79,6 +79,9 @@ class Backend(Protocol):
         """A loss scaler skipped this step's optimizer update (a gradient was not finite); the step
         still counts toward :meth:`global_step` (the device counts its own)."""
 
+    def loss_scaled(self, unscaled: bool) -> None:
+        """The loop's loss scaler scaled the loss (``unscaled``: it unscaled the gradients again)."""
+
     def get_state(self) -> dict[str, Any]:
         """The legacy checkpoint state (see :mod:`csrun.driver.legacy_state`)."""
 
@@ -149,6 +152,9 @@ class EagerBackend:
     def skipped_step(self) -> None:
         """Count the skipped update's step, so the schedule stays where the device's is."""
         self.rules.global_step += 1
+
+    def loss_scaled(self, unscaled: bool) -> None:
+        """Nothing: the scaler scales the CPU's loss itself."""
 
     def get_state(self) -> dict[str, Any]:
         """The model's and optimizer's state (``amp`` is ``{}``: no loss scaler on the CPU)."""

@@ -79,6 +79,10 @@ class DeviceBackend:
     def skipped_step(self) -> None:
         """Nothing: the device's loss scaling skips and counts its own steps."""
 
+    def loss_scaled(self, unscaled: bool) -> None:
+        """The loop's scaler scaled the loss, or unscaled the gradients (the device does both)."""
+        self.driver.order.loss_scaled(unscaled)
+
     def get_state(self) -> dict[str, Any]:
         """The legacy state; waits for every submitted step."""
         return self.driver.get_state()

@@ -18,16 +18,19 @@ that validates on the CPU does not meet them first on the system:
   pipelined mode.
 
 The first two cost nothing per step; the rest watch the first two steps only (a
-``TorchFunctionMode`` in the first step, the model's forward wrapped for two calls).
+``TorchFunctionMode`` in the first step; torch's global module hooks for the model's first two
+calls, so the model object is left as it is).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from typing import Any, Callable
 
 import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
@@ -95,33 +98,41 @@ class DevicePreview:
     # -- the user's objects ------------------------------------------------------------------------
 
     def module(self, model: torch.nn.Module) -> None:
-        """Watch the model's first forwards (outputs tracked, Python values it changes)."""
-        own = model.__dict__.get("forward")
-        forward = own if own is not None else type(model).forward.__get__(model)
-        preview = self
+        """Watch the model's first forwards (outputs tracked, Python values it changes) through
+        torch's global module hooks, so the model itself is left as it is (it still copies and
+        pickles), until two calls have been seen."""
+        watched = weakref.ref(model)
         calls = [0]
+        capture: list[contextlib.ExitStack] = []
+        changed: list[list[Any]] = []
+        handles: list[Any] = []
 
-        def watched(*args: Any, **kwargs: Any) -> Any:
+        def before(module: torch.nn.Module, args: Any) -> None:
+            if module is not watched():
+                return
             calls[0] += 1
-            if calls[0] >= _FORWARD_CALLS_WATCHED:  # enough: the model's own forward again
-                if own is None:
-                    model.__dict__.pop("forward", None)
-                else:
-                    model.forward = own
-            preview.in_forward += 1
-            try:
-                with in_forward(model) as changed:
-                    out = forward(*args, **kwargs)
-            finally:
-                preview.in_forward -= 1
-            if calls[0] > 1:
-                for problem in forward_changes(changed, model):
-                    preview.warn(problem.location, f"{problem.what}: refused ({problem.fix})")
-            if preview._mode is not None:
-                preview.track(out)
-            return out
+            stack = contextlib.ExitStack()
+            changed.append(stack.enter_context(in_forward(module)))
+            capture.append(stack)
+            self.in_forward += 1
 
-        model.forward = watched
+        def after(module: torch.nn.Module, args: Any, out: Any) -> None:
+            if module is not watched() or not capture:
+                return
+            capture.pop().close()
+            self.in_forward -= 1
+            seen = changed.pop()
+            if calls[0] > 1:
+                for problem in forward_changes(seen, module):
+                    self.warn(problem.location, f"{problem.what}: refused ({problem.fix})")
+            if self._mode is not None:
+                self.track(out)
+            if calls[0] >= _FORWARD_CALLS_WATCHED:
+                for handle in handles:
+                    handle.remove()
+
+        handles.append(register_module_forward_pre_hook(before))
+        handles.append(register_module_forward_hook(after, always_call=True))
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Check the optimizer's type and every LR scheduler built on it; count its steps."""

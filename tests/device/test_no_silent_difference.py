@@ -6,7 +6,6 @@ failed or half-read Session."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +14,7 @@ import torch
 import torch.nn.utils.clip_grad as _torch_clip_grad
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 # torch's own clip_grad_norm_, as a script that bound it before importing csrun holds it.
 EARLY_CLIP = _torch_clip_grad.clip_grad_norm_
@@ -27,86 +26,30 @@ if EARLY_CLIP.__module__ != "torch.nn.utils.clip_grad":  # csrun already put its
 import csrun.pytorch as cstorch  # noqa: E402
 import csrun.torch as cbtorch  # noqa: E402
 from csrun.compiler import CompileSettings  # noqa: E402
-from csrun.compiler.errors import CompileFailed, TensorToScalar  # noqa: E402
+from csrun.compiler.errors import TensorToScalar  # noqa: E402
 from csrun.compiler.python_state import ForwardChangesPythonState  # noqa: E402
 from csrun.driver.clipping import ClippingError  # noqa: E402
 from csrun.driver.steps import GradientAccumulation, StepOrderError  # noqa: E402
 from csrun.driver.verify import DeviceDiffers  # noqa: E402
-from csrun.program import optimizer_classes as engine_optimizers  # noqa: E402
 from csrun.emulator.errors import DeviceTensorReadError  # noqa: E402
 from csrun.errors import UserError  # noqa: E402
+from csrun.program import optimizer_classes as engine_optimizers  # noqa: E402
 from csrun.pytorch import backends as cstorch_backend  # noqa: E402
 from csrun.torch import process_state as state_mod  # noqa: E402
 
+from .same_as_eager import (  # noqa: E402
+    F32, MARKS, STEPS, BNNet, Marks, Run, Stack, Switch, assert_bitwise, both, data, found, keep, plain_step, run,
+    snapshot, two_sgd_groups,
+)
+
 pytestmark = pytest.mark.timeout(120)
 
-STEPS = 8
-F32 = CompileSettings(mixed_precision=False)
-SOURCE = Path(__file__).read_text().splitlines()
-
-
-def line_of(marker: str) -> int:
-    """The line of this file that ends with ``# L:<marker>``."""
-    [n] = [i for i, text in enumerate(SOURCE, 1) if text.rstrip().endswith(f"# L:{marker}")]
-    return n
-
-
-def at_line(marker: str) -> str:
-    """``file:line: ``, the prefix of csrun's refusals about that line."""
-    return f"{__file__}:{line_of(marker)}: "
-
-
-def found(exc: BaseException, cls: type[BaseException]) -> BaseException | None:
-    """``exc`` or the problem/cause inside it that is a ``cls``."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, cls):
-            return seen
-        if isinstance(seen, CompileFailed):
-            for p in seen.problems:
-                if isinstance(p, cls):
-                    return p
-        seen = seen.__cause__ or seen.__context__
-    return None
+HERE = Marks(__file__)
+line_of, at_line = HERE.line, HERE.at
 
 
 # --------------------------------------------------------------------------------------------
-# models, data, one loop on either path
-
-
-class Stack(nn.Sequential):
-    """Linear layers with tanh between them; ``model[i]`` is layer i (param groups by layer)."""
-
-    def __init__(self, *widths: int) -> None:
-        super().__init__(*(nn.Linear(a, b) for a, b in zip(widths, widths[1:])))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, layer in enumerate(self):
-            x = layer(x if i == 0 else torch.tanh(x))
-        return x
-
-
-class BNNet(nn.Module):
-    """A classifier with BatchNorm1d (buffers the forward updates)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.bn, self.fc2 = nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.bn(self.fc1(x))))
-
-
-class Switch(nn.Module):
-    """Two heads; the Python attribute ``use_b`` picks one."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(6, 3), nn.Linear(6, 3)
-        self.use_b = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.a(x) if not self.use_b else self.b(x)
+# models whose marked lines the refusals must name
 
 
 class Counter(Switch):
@@ -135,100 +78,6 @@ class Decay(nn.Module):
         t1, t2 = torch.tanh(h), 1.0 + h * h
         y = h.addcdiv(t1, t2, value=torch.where(self.step > 2, self.step.float() * 0.1, 0.5))  # L:addcdiv
         return y
-
-
-def data(n: int = 8 * STEPS) -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 6, generator=g)
-    return TensorDataset(x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long())
-
-
-@dataclass
-class Run:
-    """What one run left: values read in closures, the weights, the groups' lrs, the global step."""
-
-    losses: list[float] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
-    state: dict[str, torch.Tensor] = field(default_factory=dict)
-    initial: dict[str, torch.Tensor] = field(default_factory=dict)
-    lrs: list[float] = field(default_factory=list)
-    global_step: int = -1
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-Body = Callable[[int, nn.Module, Any, torch.Tensor, torch.Tensor, Run], None]
-
-
-def keep(into: list[float], value: torch.Tensor) -> None:
-    """Append ``value``'s float in a step closure."""
-    cbtorch.add_step_closure(lambda v: into.append(v.detach().item()), (value,))
-
-
-def sgd(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-
-def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def run(cs_ip: str | None, model_dir: Path, body: Body, *, model: Callable[[], nn.Module] = lambda: Stack(6, 16, 3),
-        optimizer: Callable[[nn.Module], torch.optim.Optimizer] = sgd, scheduler: Callable[[Any], Any] | None = None,
-        settings: CompileSettings = F32, steps: int = STEPS) -> Run:
-    """``body(step, model, optimizer, x, y, run)`` for ``steps`` batches on ``cs_ip`` (None: the CPU path)."""
-    state_mod.reset_for_tests()
-    torch.manual_seed(1)
-    where = model_dir / ("cpu" if cs_ip is None else "dev")
-    cbtorch.initialize(cs_ip, settings=settings, model_dir=str(where))
-    m = cbtorch.module(model())
-    opt = cbtorch.optimizer(optimizer(m))
-    sched = scheduler(opt) if scheduler is not None else None
-    loader = cbtorch.dataloader(DataLoader(data(8 * steps), batch_size=8, drop_last=True))
-    out = Run(initial=snapshot(m))
-    with cbtorch.Session(loader, report=False):
-        for step, (x, y) in enumerate(loader):
-            body(step, m, opt, x, y, out)
-            if sched is not None:
-                sched.step()
-    assert bool(list(where.glob("cs_*/program.pt2"))) == (cs_ip is not None)  # the device path compiled
-    out.state = snapshot(m)
-    out.lrs = [g["lr"] for g in opt.state_dict()["param_groups"]]
-    out.global_step = cbtorch.global_step()
-    return out
-
-
-def both(tmp_path: Path, body: Body, **kw: Any) -> tuple[Run, Run]:
-    """The CPU path's run and the device's."""
-    return run(None, tmp_path, body, **kw), run("embedded", tmp_path, body, **kw)
-
-
-def assert_bitwise(cpu: Run, dev: Run, steps: int = STEPS) -> None:
-    """Losses, closure values, every state_dict entry and each group's lr: equal, not close."""
-    assert len(cpu.losses) == steps
-    assert dev.losses == cpu.losses
-    assert dev.values == cpu.values
-    assert dev.state.keys() == cpu.state.keys()
-    for name, want in cpu.state.items():
-        assert torch.equal(dev.state[name], want), (name, (dev.state[name] - want).abs().max())
-    assert dev.lrs == cpu.lrs
-    assert dev.global_step == cpu.global_step
-
-
-def plain_step(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
-    opt.zero_grad()
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()  # L:plain-step
-    keep(out.losses, loss)
-
-
-# --------------------------------------------------------------------------------------------
-# 1. param groups
-
-
-def two_sgd_groups(m: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.1, "weight_decay": 0.0},
-                            {"params": m[1].parameters(), "lr": 0.5, "weight_decay": 0.1, "momentum": 0.9}], lr=0.1)
 
 
 def test_two_sgd_param_groups_train_bitwise_as_the_cpu_path(tmp_path: Path) -> None:
@@ -601,7 +450,7 @@ def test_verify_stops_a_device_that_differs_naming_the_weight_and_the_step_line(
     with pytest.raises(DeviceDiffers) as info:
         run("embedded", tmp_path, plain_step, optimizer=two_sgd_groups)
     assert "'1.weight'" in str(info.value), str(info.value)
-    assert f"{__file__}:{line_of('plain-step')}" in str(info.value), str(info.value)
+    assert MARKS.at("plain-step") in str(info.value), str(info.value)
 
 
 def test_verify_off_lets_the_broken_device_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
