@@ -31,7 +31,8 @@ def data() -> TensorDataset:
 
 def run(cs_ip: str | None, model_dir: str, make: Callable[[Any], Any], *, before_wrap: bool = False,
         step_scheduler: Callable[[Any, Any], None] | None = None) -> tuple[list[float], torch.Tensor]:
-    """A regression loop with ``make(optimizer)`` as its scheduler; the learning rate each step used."""
+    """A regression loop with ``make(optimizer)`` as its scheduler; the learning rate the optimizer
+    shows in each step's closure (after ``scheduler.step()``: the next step's, as in eager)."""
     state_mod.reset_for_tests()
     torch.manual_seed(0)
     cbtorch.initialize(cs_ip, settings=CompileSettings(mixed_precision=False), model_dir=model_dir)
@@ -55,13 +56,14 @@ def run(cs_ip: str | None, model_dir: str, make: Callable[[Any], Any], *, before
 
 
 def eager_lrs(make: Callable[[Any], Any]) -> list[float]:
+    """The learning rate eager torch's optimizer shows after each step's ``scheduler.step()``."""
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.05)
     scheduler = make(opt)
     out = []
     for _ in range(STEPS):
-        out.append(opt.param_groups[0]["lr"])
         opt.step()
         scheduler.step()
+        out.append(opt.param_groups[0]["lr"])
     return out
 
 
