@@ -1,7 +1,7 @@
 """The optimizer table: every optimizer type the system had, written once.
 
 The params (``run/params.py``), the compiler (``compiler/optim.py``: params and torch optimizer
-objects to the spec) and the engine (``emulator/optimizers.py``) all read this module; none of
+objects to the spec) and the torch optimizers the engine builds (``program/optimizer_classes.py``) all read this module; none of
 them lists optimizer names, legacy keys or their defaults again
 (``tests/program/test_training_semantics.py`` keeps it so, and checks that ``params_train.yaml``,
 the compiled spec and the engine's optimizer agree for every type).
