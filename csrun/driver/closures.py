@@ -2,7 +2,7 @@
 
 At each step boundary the chief hands the step's closures to :class:`ClosureRunner.run`:
 
-* step values (:class:`~csrun.driver.step_recording.StepValue`), device tensors and step
+* step values (:class:`~csrun.driver.step_values.StepValue`), device tensors and step
   handles anywhere in a closure's ``args``/``kwargs`` (inside tuples, lists and dicts too) are
   replaced by their CPU values, waiting for the step they belong to; step values the closure
   reaches otherwise (captured variables, a dataclass output) read their values while it runs;
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from torch.utils import _pytree as pytree
 
-from csrun.driver.step_recording import StepValue, in_closure, value_of
+from csrun.driver.step_values import StepValue, in_closure, value_of
 from csrun.emulator.handles import DeviceTensor, StepHandle
 
 

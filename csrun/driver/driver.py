@@ -61,7 +61,9 @@ from csrun.driver.hooks import backward_hook_in, optimizer_hooks_on
 from csrun.driver.closures import ClosureRunner, StepClosure
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
-from csrun.driver.step_recording import GRAD_NORM, Recording, StepRecorder, StepValue
+from csrun.driver.recorded_step import Recording
+from csrun.driver.step_recording import StepRecorder
+from csrun.driver.step_values import GRAD_NORM, StepValue
 from csrun.driver.schedulers import SchedulerWatch
 from csrun.driver.state_view import StateView
 from csrun.driver.steps import StepOrder
@@ -106,7 +108,7 @@ class LoadedProgram:
     spec: ProgramSpec
     """The compiled spec."""
     step: str
-    """The recorded step it runs (:meth:`~csrun.driver.step_recording.Recording.signature`)."""
+    """The recorded step it runs (:meth:`~csrun.driver.recorded_step.Recording.signature`)."""
 
 
 @dataclass(kw_only=True)

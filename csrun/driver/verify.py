@@ -8,7 +8,7 @@ after it, and runs the same step eagerly on the CPU from the state before
 * a copy of the user's model and of the user's torch optimizer (its class, its param groups,
   their hyperparameters), loaded with the device's state before the step;
 * the step's calls and operations as the script made them (the recording:
-  :meth:`~csrun.driver.step_recording.Recording.run`, with each call's module modes, grad mode
+  :meth:`~csrun.driver.recorded_step.Recording.run`, with each call's module modes, grad mode
   and Python values), ``loss.backward()``, the step's clipping (torch's own ``clip_grad_norm_`` /
   ``clip_grad_value_``, or the compile settings' as the CPU path applies it), the learning
   rate the script's optimizer had when it called ``optimizer.step()`` (or the compile settings'
@@ -45,7 +45,7 @@ from csrun.compiler.errors import Location, at
 from csrun.driver import legacy_state
 from csrun.driver.clipping import NORM, VALUE, torch_clipping
 from csrun.driver.options import VERIFY_ENV
-from csrun.driver.step_recording import Recording
+from csrun.driver.recorded_step import Recording
 from csrun.program.clipping import clip_gradients
 from csrun.emulator.step_plan import StepPlan
 from csrun.errors import UserError

@@ -10,7 +10,7 @@ weights, an eval forward every step)::
     model.train()
 
 The whole step is one captured graph; the driver's replay puts an :data:`UPDATE_MARKER` output
-at the place of ``optimizer.step()`` (:meth:`csrun.driver.step_recording.Recording.replay_forward`),
+at the place of ``optimizer.step()`` (:meth:`csrun.driver.recorded_step.Recording.replay_forward`),
 and the graph's nodes are in the order they ran. :func:`split_at_update` cuts the graph there
 into two: :attr:`SplitStep.before` (the forward up to the loss and what was computed before the
 update) and :attr:`SplitStep.after` (what came after it), which the engine runs after the

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import csrun.torch as cbtorch
 from csrun.compiler import CompileSettings
-from csrun.driver.step_recording import StepChanged
+from csrun.driver.step_values import StepChanged
 from csrun.emulator.errors import DeviceTensorReadError
 from csrun.torch import process_state as state_mod
 

@@ -14,7 +14,7 @@ from csrun.driver.closures import StepClosure
 from csrun.driver.driver import DeviceDriver, LoadedProgram, PendingState
 from csrun.driver.options import DeviceOptions
 from csrun.driver.run_path import RunPath
-from csrun.driver.step_recording import StepValue, in_closure
+from csrun.driver.step_values import StepValue, in_closure
 from csrun.driver.steps import StepOrderError
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from csrun.driver.step_recording import StepChanged, StepRecorder, StepValue, ValueNotKept, in_closure
+from csrun.driver.step_recording import StepRecorder
+from csrun.driver.step_values import StepChanged, StepValue, ValueNotKept, in_closure
 from csrun.emulator.errors import DeviceTensorReadError
 
 
