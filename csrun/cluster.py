@@ -50,6 +50,9 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping
 
+
+from csrun.env_settings import LAUNCH_MODE, LAUNCHER
+
 CHIEF = "chief"
 STREAMER = "streamer"
 
@@ -168,8 +171,8 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
         num_tasks=max(size, rank + 1),
         local_rank=local,
         node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
-        launcher=env.get("CSRUN_LAUNCHER", ""),
-        launch_mode=env.get("CSRUN_LAUNCH_MODE", ""),
+        launcher=env.get(LAUNCHER.name, ""),
+        launch_mode=env.get(LAUNCH_MODE.name, ""),
         job_id=env.get("SLURM_JOB_ID", ""),
         restart_count=_first_int(env, ("SLURM_RESTART_COUNT",), 0),
         cs_ip=env.get("CS_IP", "").strip(),

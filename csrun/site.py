@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from csrun.env_settings import Variable, env_name, env_settings, shown_default
 from csrun.errors import ConfigError
 from csrun.typed_config import check_fields, from_mapping, from_text, setting
 
@@ -55,18 +56,14 @@ class SiteConfig:
         check_fields(self, "site config")
 
 
-def _env_name(key: str) -> str:
-    return "CSRUN_" + key.upper()
-
-
 def site_config_path(environ: Mapping[str, str] | None = None) -> Path | None:
     """The YAML file the site config is read from, or None when only defaults apply."""
     env = os.environ if environ is None else environ
-    explicit = env.get("CSRUN_SITE_CONFIG", "")
-    if explicit:
+    explicit = env_settings(env).site_config
+    if explicit.strip():
         path = Path(explicit)
         if not path.is_file():
-            raise ConfigError(f"CSRUN_SITE_CONFIG={explicit!r}: no such file. Point it at a YAML site config or unset it.")
+            raise ConfigError(f"{env_name('site_config')}={explicit!r}: no such file. Point it at a YAML site config or unset it.")
         return path
     return REPO_SITE_CONFIG if REPO_SITE_CONFIG.is_file() else None
 
@@ -84,9 +81,16 @@ def load_site_config(environ: Mapping[str, str] | None = None) -> SiteConfig:
         site = from_mapping(SiteConfig, data, "", source=str(path))
     overrides: dict[str, Any] = {}
     for f in dataclasses.fields(SiteConfig):
-        if _env_name(f.name) in env:
-            overrides[f.name] = from_text(SiteConfig, f.name, env[_env_name(f.name)], f"environment {_env_name(f.name)}")
+        if env_name(f.name) in env:
+            overrides[f.name] = from_text(SiteConfig, f.name, env[env_name(f.name)], f"environment {env_name(f.name)}")
     return dataclasses.replace(site, **overrides) if overrides else site
+
+
+def site_variables() -> tuple[Variable, ...]:
+    """The ``CSRUN_<KEY>`` variable of each site config field."""
+    return tuple(Variable(env_name(f.name), str(f.metadata["doc"]), "site",
+                          ",".join(f.default) if isinstance(f.default, tuple) else shown_default(f.default))
+                 for f in dataclasses.fields(SiteConfig))
 
 
 def site_environment(site: SiteConfig) -> dict[str, str]:
@@ -94,5 +98,5 @@ def site_environment(site: SiteConfig) -> dict[str, str]:
     env: dict[str, str] = {}
     for f in dataclasses.fields(SiteConfig):
         value = getattr(site, f.name)
-        env[_env_name(f.name)] = ",".join(value) if isinstance(value, tuple) else str(value)
+        env[env_name(f.name)] = ",".join(value) if isinstance(value, tuple) else str(value)
     return env

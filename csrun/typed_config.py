@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -45,16 +46,17 @@ _FALSE = frozenset({"false", "no", "0", "off"})
 _NONE = frozenset({"", "none", "null"})
 
 
-def setting(default: Any, doc: str, *, min: int | float | None = None, pattern: str | None = None,
-            what: str = "", **metadata: Any) -> Any:
+def setting(default: Any, doc: str, *, min: int | float | None = None, above: float | None = None,
+            finite: bool = False, pattern: str | None = None, what: str = "", **metadata: Any) -> Any:
     """A config field: its default, its meaning, and optional bounds.
 
-    ``min``: the least value a number may take. ``pattern``: a regular expression a non-empty
+    ``min``: the least value a number may take; ``above``: a number it must exceed (``above=0``:
+    positive); ``finite``: infinity is refused (NaN always is). ``pattern``: a regular expression a non-empty
     string must match in full; ``what`` says in words what it stands for (used in the error).
     A list or dict default is copied for every instance. Extra ``metadata`` is kept for the
     field's reader (e.g. the launcher's ``flag``).
     """
-    meta = {"doc": doc, "min": min, "pattern": pattern, "what": what, **metadata}
+    meta = {"doc": doc, "min": min, "above": above, "finite": finite, "pattern": pattern, "what": what, **metadata}
     if isinstance(default, (list, dict)):
         fresh: Any = default
         return dataclasses.field(default_factory=lambda: type(fresh)(fresh), metadata=meta)
@@ -180,7 +182,7 @@ def _parse_text(raw: str, tp: Any, path: str) -> Any:
     if tp is bool:
         value = bool_word(raw)
         if value is None:
-            raise ConfigError(f"{path}: {raw!r} is not True or False")
+            raise ConfigError(f"{path}: {raw!r} is not yes or no (1/0, true/false, yes/no, on/off)")
         return value
     if tp is int:
         try:
@@ -226,9 +228,17 @@ def _check_plain(value: Any, tp: Any, path: str) -> Any:
 
 def _check_bounds(value: Any, f: dataclasses.Field, path: str, shown: Any) -> None:
     """The field's ``min`` and ``pattern`` rules; ``shown`` is the value as the user wrote it."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and value != value:
+        raise ConfigError(f"{path}: {shown!r} is not a number")
     least = f.metadata.get("min")
-    if least is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < least:
+    if least is not None and number and value < least:
         raise ConfigError(f"{path}: {shown!r} must be at least {least}")
+    above = f.metadata.get("above")
+    if above is not None and number and not value > above:
+        raise ConfigError(f"{path}: {shown!r} must be greater than {above:g}")
+    if f.metadata.get("finite") and number and math.isinf(value):
+        raise ConfigError(f"{path}: {shown!r} must be a finite number")
     pattern = f.metadata.get("pattern")
     if pattern and isinstance(value, str) and value and not re.fullmatch(pattern, value):
         what = f.metadata.get("what") or f"a match of {pattern!r}"

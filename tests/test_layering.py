@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "csrun"
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("typed_config", "address", "help_style", "files"),
+    ("env_settings",),
     ("cluster", "site", "program", "data", "mdl"),
     ("stream", "compiler", "launch"),
     ("emulator",),

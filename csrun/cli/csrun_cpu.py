@@ -63,8 +63,11 @@ Exit codes: the command's; 2 for a bad option, value or site config; 1 when the 
 
 from __future__ import annotations
 
+import os
 import sys
 
+from csrun.cli.variables import misspelt
+from csrun.env_settings import check_environment
 from csrun.cli.common import console_entry, run_cli, say, show_and_run, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch import sbatch
@@ -84,6 +87,9 @@ def _body(argv: list[str]) -> int:
     if parsed.help:
         say(help_text(PROG, CpuOptions, "Run a command on one whole CPU node (the validation and compile path)."))
         return 0
+    check_environment()
+    for warning in misspelt(os.environ):
+        print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
     site = load_site_config()
     if parsed.query:
         say(SITE_QUERIES[parsed.query](site))

@@ -101,6 +101,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from csrun.cli.variables import misspelt
+from csrun.env_settings import check_environment
 from csrun.cli.common import console_entry, run_cli, say, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch.environment import legacy_imports_environment, task_environment
@@ -132,6 +134,9 @@ def _body(argv: list[str]) -> int:
     if parsed.help:
         say(help_text(PROG, WseOptions, "Launch a job on the system: the chief on the GRES node, streamers on worker nodes."))
         return 0
+    check_environment()
+    for warning in misspelt(os.environ):
+        print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
     site = load_site_config()
     if parsed.query:
         say(SITE_QUERIES[parsed.query](site))

@@ -12,7 +12,10 @@ Sections (each a flat mapping of plain values, so ``--json`` is the same data):
   by ``CSRUN_SLURM_PROBE_TIMEOUT``), and the Slurm job/step this runs in, if any;
 * ``site``: the site config's file (or ``defaults``), the ``CSRUN_*`` variables that
   override it, and every resulting value;
-* ``gpu``: whether torch sees CUDA, the device count and names, ``nvidia-smi`` on PATH.
+* ``gpu``: whether torch sees CUDA, the device count and names, ``nvidia-smi`` on PATH;
+* ``environment``: every ``CSRUN_*`` variable that is set, with its value (a secret's hidden),
+  its kind and meaning, or ``BAD:`` and why (:mod:`csrun.env_settings`); and the names csrun
+  does not know (a misspelt one, with the name it is close to).
 
 Nothing here starts MPI, submits a job or touches a GPU beyond asking torch what it sees.
 """
@@ -29,6 +32,7 @@ from importlib import metadata
 from typing import Any, Mapping
 
 import csrun
+from csrun.cli.variables import environment_section
 from csrun.errors import ConfigError, LaunchError
 from csrun.launch.environment import NETMOD_VARIABLES
 from csrun.launch.slurm_probe import probe_slurm
@@ -111,10 +115,14 @@ def mpi_section(env: Mapping[str, str]) -> dict[str, Any]:
 def slurm_section(env: Mapping[str, str]) -> dict[str, Any]:
     """Slurm's version, whether its controller answers, and the job this runs in."""
     srun = shutil.which("srun")
-    status = probe_slurm()
+    try:
+        status = probe_slurm()
+        controller = "answers" if status.available else f"not available: {status.reason}"
+    except ConfigError as exc:  # a bad CSRUN_SLURM_PROBE_TIMEOUT: the environment section names it too
+        controller = f"not asked: {exc}"
     return {
         "srun": _first_line([srun, "--version"]) if srun else "not on PATH",
-        "controller": "answers" if status.available else f"not available: {status.reason}",
+        "controller": controller,
         "job_id": env.get("SLURM_JOB_ID", ""),
         "step_id": env.get("SLURM_STEP_ID", ""),
         "nodelist": env.get("SLURM_JOB_NODELIST", ""),
@@ -161,6 +169,7 @@ def build_report(env: Mapping[str, str] | None = None) -> Report:
         "slurm": slurm_section(env),
         "site": site_section(env),
         "gpu": gpu_section(),
+        "environment": environment_section(env),
     }
 
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from csrun.env_settings import env_name, env_settings
 from csrun.compiler.settings import CompileSettings
 from csrun.driver.run_path import RunPath
 from csrun.errors import UserError
 
-VERIFY_ENV = "CSRUN_VERIFY_STEPS"
-DEFAULT_VERIFY_STEPS = 1
-"""The first step of every program is checked against eager PyTorch unless told otherwise."""
+VERIFY_ENV = env_name("verify_steps")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,19 +62,10 @@ class DeviceOptions:
 
 
 def verify_steps(given: int | None, environ: Mapping[str, str] | None = None) -> int:
-    """How many steps of each program to check: ``given``, else ``CSRUN_VERIFY_STEPS``, else 1."""
+    """How many steps of each program to check: ``given``, else ``CSRUN_VERIFY_STEPS``, else 1
+    (the first step of every program is checked against eager PyTorch unless told otherwise)."""
     if given is not None:
         if isinstance(given, bool) or not isinstance(given, int) or given < 0:
             raise UserError(f"verify_steps={given!r}: give a number of steps >= 0 (0 switches the check off)")
         return given
-    text = (os.environ if environ is None else environ).get(VERIFY_ENV, "").strip()
-    if not text:
-        return DEFAULT_VERIFY_STEPS
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise UserError(f"{VERIFY_ENV}={text!r} is not a number of steps >= 0 (how many steps of each program the "
-                        f"device checks against eager PyTorch; default {DEFAULT_VERIFY_STEPS}, 0 switches it off)")
-    return value
+    return env_settings(environ).verify_steps

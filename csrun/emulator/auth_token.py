@@ -21,10 +21,11 @@ import stat
 from collections import Counter
 from pathlib import Path
 
+from csrun.env_settings import env_name, env_settings
 from csrun.emulator.errors import InsecureSetup
 from csrun.errors import UserError
 
-TOKEN_ENV = "CSRUN_EMULATOR_TOKEN"
+TOKEN_ENV = env_name("emulator_token")
 """Environment variable holding the token (takes precedence over the file)."""
 DEFAULT_TOKEN_FILE = "~/.csrun/emulator.token"
 """Where the token lives when the environment does not give it."""
@@ -98,7 +99,7 @@ def server_token(token_file: str | None = None) -> tuple[str, str, str | None]:
     Returns (token, where it came from, path of a newly written file or None). A token file
     that its group or others can read is refused (:class:`InsecureSetup`).
     """
-    env = os.environ.get(TOKEN_ENV, "").strip()
+    env = env_settings().emulator_token.strip()
     if env:
         return env, TOKEN_ENV, None
     path = Path(token_file or DEFAULT_TOKEN_FILE).expanduser()
@@ -115,7 +116,7 @@ def server_token(token_file: str | None = None) -> tuple[str, str, str | None]:
 
 def client_token(token_file: str | None = None) -> str:
     """The token a client presents: ``CSRUN_EMULATOR_TOKEN``, else the (private) token file."""
-    env = os.environ.get(TOKEN_ENV, "").strip()
+    env = env_settings().emulator_token.strip()
     if env:
         return env
     path = Path(token_file or DEFAULT_TOKEN_FILE).expanduser()

@@ -98,6 +98,7 @@ import sys
 import threading
 
 import csrun
+from csrun.env_settings import check_environment
 from csrun.emulator import wire
 from csrun.emulator.auth_token import (
     DEFAULT_TOKEN_FILE,
@@ -106,7 +107,7 @@ from csrun.emulator.auth_token import (
     server_token,
 )
 from csrun.emulator.guard import GuardLimits
-from csrun.errors import UsageError, UserError
+from csrun.errors import ConfigError, UsageError, UserError
 from csrun.help_style import Parser
 
 PROG = "cs_emulator"
@@ -172,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     from csrun.emulator.server import EmulatorServer
 
     try:
+        check_environment()
         args = _parser().parse_args(argv)
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,

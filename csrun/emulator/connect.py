@@ -5,21 +5,21 @@ connections", for up to ``timeout`` seconds; every other refusal is final and sa
 a wrong token, a busy system, another protocol version, a certificate the CA file does not
 trust, a server that cannot prove it holds the token. Every message names the server's address.
 
-How long to keep trying is :func:`connect_timeout` (``CSRUN_CONNECT_TIMEOUT`` seconds, default
-:data:`DEFAULT_CONNECT_TIMEOUT`): long enough for a server that is still starting, short enough
+How long to keep trying is :func:`connect_timeout` (``CSRUN_CONNECT_TIMEOUT`` seconds,
+:mod:`csrun.env_settings`): long enough for a server that is still starting, short enough
 that a wrong ``--cs_ip`` is reported within seconds. The driver opens the link before it
 compiles, so a wrong address never waits for a compile.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from csrun.env_settings import env_name, env_settings
 from csrun.address import Address
 from csrun.emulator import handshake, wire
 from csrun.emulator.errors import (
@@ -33,9 +33,7 @@ from csrun.emulator.errors import (
 from csrun.emulator.tls import CA_ENV, ClientTLS, describe
 from csrun.errors import UserError
 
-CONNECT_TIMEOUT_ENV = "CSRUN_CONNECT_TIMEOUT"
-DEFAULT_CONNECT_TIMEOUT = 10.0
-"""Seconds to keep trying to reach the server when ``CSRUN_CONNECT_TIMEOUT`` is not set."""
+CONNECT_TIMEOUT_ENV = env_name("connect_timeout")
 
 HELLO_LIMITS = wire.Limits(max_header_bytes=16 << 10, max_tensors=0)
 """Frames of the hello are small and carry no tensors."""
@@ -59,20 +57,8 @@ class _Retry(Exception):
 
 
 def connect_timeout() -> float:
-    """``CSRUN_CONNECT_TIMEOUT`` as seconds (> 0), else :data:`DEFAULT_CONNECT_TIMEOUT`.
-
-    A value that is not a positive number is a :class:`~csrun.errors.UserError` naming it."""
-    text = os.environ.get(CONNECT_TIMEOUT_ENV, "").strip()
-    if not text:
-        return DEFAULT_CONNECT_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise UserError(f"{CONNECT_TIMEOUT_ENV}={text!r} is not a number of seconds > 0 "
-                        f"(how long to keep trying to reach the system; default {DEFAULT_CONNECT_TIMEOUT:g})")
-    return value
+    """``CSRUN_CONNECT_TIMEOUT``: seconds to keep trying to reach the server (:mod:`csrun.env_settings`)."""
+    return env_settings().connect_timeout
 
 
 def open_link(host: str, port: int, token: str, job_id: str, *, timeout: float,

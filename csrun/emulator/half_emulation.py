@@ -28,7 +28,6 @@ default on CPU) or ``autocast`` (16-bit kernels, the default on CUDA, where they
 from __future__ import annotations
 
 import operator
-import os
 import warnings
 from typing import Any
 
@@ -36,10 +35,9 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 from torch.utils import _pytree as pytree
 
-from csrun.emulator.errors import SpecError
+from csrun.env_settings import env_name, env_settings
 
-ENV = "CSRUN_HALF_EMULATION"
-MODES = ("rounding", "autocast")
+ENV = env_name("half_emulation")
 
 _aten = torch.ops.aten
 EXACT_OPS = frozenset({
@@ -54,12 +52,7 @@ EXACT_OPS = frozenset({
 
 def half_emulation_mode(device: torch.device) -> str:
     """``CSRUN_HALF_EMULATION`` if set (``rounding`` or ``autocast``), else the device's default."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if not value:
-        return "rounding" if device.type == "cpu" else "autocast"
-    if value not in MODES:
-        raise SpecError(f"{ENV}={os.environ[ENV]!r} is not a mode; use one of: {', '.join(MODES)}")
-    return value
+    return env_settings().half_emulation or ("rounding" if device.type == "cpu" else "autocast")
 
 
 def round_half(x: Any, dtype: torch.dtype) -> Any:

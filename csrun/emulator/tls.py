@@ -10,18 +10,16 @@ TLS as well, so the token is never sent even to a server whose certificate was t
 
 from __future__ import annotations
 
-import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from csrun.env_settings import env_name, env_settings
 from csrun.emulator.auth_token import check_private_file
 from csrun.errors import UserError
 
-CA_ENV = "CSRUN_EMULATOR_CA"
-"""Client: PEM file of the CA(s) to trust; set, the client speaks TLS."""
-NAME_ENV = "CSRUN_EMULATOR_TLS_NAME"
-"""Client: the name the server's certificate must carry (default: the host of the address)."""
+CA_ENV = env_name("emulator_ca")
+NAME_ENV = env_name("emulator_tls_name")
 
 
 def _readable(path: str, what: str, flag: str) -> Path:
@@ -70,10 +68,11 @@ class ClientTLS:
 
 def client_tls_from_env() -> ClientTLS | None:
     """TLS settings from ``CSRUN_EMULATOR_CA`` / ``CSRUN_EMULATOR_TLS_NAME``; None for plain TCP."""
-    ca = os.environ.get(CA_ENV, "").strip()
+    settings = env_settings()
+    ca = settings.emulator_ca.strip()
     if not ca:
         return None
-    return ClientTLS(client_context(ca), os.environ.get(NAME_ENV, "").strip() or None)
+    return ClientTLS(client_context(ca), settings.emulator_tls_name.strip() or None)
 
 
 def _reason(exc: BaseException) -> str:

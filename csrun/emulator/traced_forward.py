@@ -32,31 +32,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import warnings
 from typing import Any, Iterator
 
 import torch
 from torch.utils import _pytree as pytree
 
+from csrun.env_settings import env_name, env_settings
 from csrun.emulator.torchscript import unoptimized
 from csrun.program.spec import reads_a_scalar
 
 log = logging.getLogger("csrun.emulator")
 
-ENV = "CSRUN_ENGINE_TRACE"
-"""A trace records the number such an op returned on the first batch as a constant; the check
-on that same batch cannot see it."""
-MODES = ("auto", "off")
+ENV = env_name("engine_trace")
 
 
 def trace_mode() -> str:
-    """``CSRUN_ENGINE_TRACE`` (``auto`` or ``off``; ``auto`` when unset or unknown, with a warning for the latter)."""
-    value = os.environ.get(ENV, "").strip().lower() or "auto"
-    if value not in MODES:
-        log.warning("%s=%r is not one of %s; using auto", ENV, os.environ[ENV], ", ".join(MODES))
-        return "auto"
-    return value
+    """``CSRUN_ENGINE_TRACE``: ``auto`` (the default) or ``off`` (:mod:`csrun.env_settings`)."""
+    return env_settings().engine_trace
 
 
 def _state_slots(module: torch.fx.GraphModule) -> list[tuple[torch.nn.Module, str, str]]:

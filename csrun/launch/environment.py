@@ -1,6 +1,7 @@
 """The environment contract: the ``CSRUN_*`` variables every task of a launched job sees.
 
-Set by the launchers (srun and mpiexec pass the environment on to every task):
+Set by the launchers (srun and mpiexec pass the environment on to every task; each is declared
+in :data:`csrun.env_settings.CONTRACT`):
 
 ``CSRUN_LAUNCHER``
     ``csrun_cpu`` or ``csrun_wse``.
@@ -36,6 +37,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
+from csrun.env_settings import LAUNCH_MODE, LAUNCHER, LEGACY_IMPORTS, TOTAL_NODES, TOTAL_TASKS
 from csrun.site import SiteConfig, site_environment
 
 NETMOD_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "MPICH_CH4_NETMOD")
@@ -59,12 +61,8 @@ def task_environment(
     if mode == "slurm" and not any(name in env for name in NETMOD_VARIABLES):
         env["MPIR_CVAR_CH4_NETMOD"] = "ofi"
         env.setdefault("FI_PROVIDER", "tcp")
-    env.update(
-        CSRUN_LAUNCHER=launcher,
-        CSRUN_LAUNCH_MODE=mode,
-        CSRUN_TOTAL_TASKS=str(total_tasks),
-        CSRUN_TOTAL_NODES=str(total_nodes),
-    )
+    env.update({LAUNCHER.name: launcher, LAUNCH_MODE.name: mode, TOTAL_TASKS.name: str(total_tasks),
+                TOTAL_NODES.name: str(total_nodes)})
     return env
 
 
@@ -77,4 +75,4 @@ def legacy_imports_environment(env: Mapping[str, str]) -> dict[str, str]:
     ``import cerebras.framework.torch`` resolves to csrun.torch (nothing is installed)."""
     current = env.get("PYTHONPATH", "")
     path = str(LEGACY_SHIM) + (os.pathsep + current if current else "")
-    return {"PYTHONPATH": path, "CSRUN_LEGACY_IMPORTS": "1"}
+    return {"PYTHONPATH": path, LEGACY_IMPORTS.name: "1"}

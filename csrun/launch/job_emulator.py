@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+from csrun.env_settings import env_name, env_settings
 from csrun.cluster import cluster_info
 from csrun.errors import LaunchError, UsageError
 from csrun.launch.process import die_with_parent, run_child, run_cli
@@ -81,9 +82,10 @@ def _body(argv: list[str]) -> int:
     env = dict(os.environ)
     if not cluster_info().is_chief:
         return run_child(command, env, keep_fds=True)
-    if not env.get("CSRUN_EMULATOR_TOKEN"):
-        raise LaunchError("CSRUN_EMULATOR_TOKEN is not set (csrun_wse --emulator sets one per job)")
-    timeout = float(env.get("CSRUN_EMULATOR_START_TIMEOUT", "60"))
+    settings = env_settings(env)
+    if not settings.emulator_token:
+        raise LaunchError(f"{env_name('emulator_token')} is not set (csrun_wse --emulator sets one per job)")
+    timeout = settings.emulator_start_timeout
     started = time.monotonic()
     server, address = start_emulator(args.device, env, timeout)
     print(f"csrun_wse: emulator for this job at {address} (device {args.device}, started in {time.monotonic() - started:.1f}s)", file=sys.stderr, flush=True)

@@ -44,8 +44,10 @@ def _opt(default: Any, help: str, *, flag: bool = False, optional: str | None = 
     value, and the next word is taken as the value only when it matches ``OPTIONAL_VALUE``.
     ``min``: the least whole number the option takes.
     """
-    device = {"pattern": DEVICE_PATTERN, "what": "a device (cpu, cuda or cuda:I)"} if optional is not None else {}
-    return setting(default, help, min=min, flag=flag, optional=optional, **device)
+    if optional is not None:
+        return setting(default, help, min=min, flag=flag, optional=optional, pattern=DEVICE_PATTERN,
+                       what="a device (cpu, cuda or cuda:I)")
+    return setting(default, help, min=min, flag=flag, optional=optional)
 
 
 @dataclass(kw_only=True)

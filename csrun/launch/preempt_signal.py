@@ -27,13 +27,12 @@ import os
 import signal
 from typing import Mapping
 
+from csrun.env_settings import env_name, env_settings
 from csrun.errors import ConfigError
 
-PREEMPT_SIGNAL_ENV = "CSRUN_PREEMPT_SIGNAL"
+PREEMPT_SIGNAL_ENV = env_name("preempt_signal")
 SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
-MAX_IDLE_REQUEUES_ENV = "CSRUN_MAX_IDLE_REQUEUES"
-DEFAULT_PREEMPT_SIGNAL = "USR1"
-DEFAULT_MAX_IDLE_REQUEUES = 3
+MAX_IDLE_REQUEUES_ENV = env_name("max_idle_requeues")
 CHOICES = ("USR1", "USR2", "TERM")
 """Signals that may mean "preempted" (others kill, stop or interrupt by convention)."""
 
@@ -48,8 +47,7 @@ def _parse(name: str, value: str, choices: tuple[str, ...]) -> signal.Signals:
 
 def preemption_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
     """``CSRUN_PREEMPT_SIGNAL`` (default SIGUSR1); a :class:`ConfigError` naming a bad value."""
-    env = os.environ if environ is None else environ
-    return _parse(PREEMPT_SIGNAL_ENV, env.get(PREEMPT_SIGNAL_ENV, "") or DEFAULT_PREEMPT_SIGNAL, CHOICES)
+    return _parse(PREEMPT_SIGNAL_ENV, env_settings(environ).preempt_signal, CHOICES)
 
 
 def submitit_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
@@ -61,11 +59,4 @@ def submitit_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
 
 def max_idle_requeues(environ: Mapping[str, str] | None = None) -> int:
     """``CSRUN_MAX_IDLE_REQUEUES`` (default 3, at least 1); a :class:`ConfigError` naming a bad value."""
-    env = os.environ if environ is None else environ
-    text = env.get(MAX_IDLE_REQUEUES_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_IDLE_REQUEUES
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"{MAX_IDLE_REQUEUES_ENV}={text!r} is not a whole number >= 1 "
-                          f"(preemptions in a row without a gained step before the job stops requeueing)")
-    return int(text)
+    return env_settings(environ).max_idle_requeues

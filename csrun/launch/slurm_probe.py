@@ -5,10 +5,12 @@ Environment: ``CSRUN_SLURM_PROBE_TIMEOUT`` (seconds to wait for ``scontrol ping`
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+
+
+from csrun.env_settings import env_settings
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ def probe_slurm() -> SlurmStatus:
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return SlurmStatus(False, "scontrol not found on PATH")
-    timeout = float(os.environ.get("CSRUN_SLURM_PROBE_TIMEOUT", "5"))
+    timeout = env_settings().slurm_probe_timeout
     try:
         done = subprocess.run([scontrol, "ping"], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -22,6 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from csrun.env_settings import JOB_STATE
 from csrun.cluster import cluster_info
 from csrun.errors import UsageError
 from csrun.files import atomic_write
@@ -29,7 +30,7 @@ from csrun.launch.process import run_child, run_cli
 from csrun.launch.task_log import task_log_for
 
 PROG = "csrun_wse (task)"
-STATE_ENV = "CSRUN_JOB_STATE"
+STATE_ENV = JOB_STATE.name
 """The job's state folder, set by the launcher for every task."""
 
 

@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Mapping
 
+from csrun.env_settings import JOB_LABEL, TASK_LOG_DIR
 from csrun.errors import UsageError
 
-LOG_DIR_ENV = "CSRUN_TASK_LOG_DIR"
+LOG_DIR_ENV = TASK_LOG_DIR.name
 """The folder for the per-task files; unset: no files, the task's output goes straight through."""
-JOB_LABEL_ENV = "CSRUN_JOB_LABEL"
+JOB_LABEL_ENV = JOB_LABEL.name
 """The ``<job>`` part of the file name when the job is not a Slurm job."""
 
 

@@ -22,6 +22,8 @@ This module imports nothing heavy: launchers (``python-ws``) read it without tor
 
 from __future__ import annotations
 
+from csrun.env_settings import env_name
+
 from typing import Literal
 
 PIPELINE = "pipeline"
@@ -32,6 +34,6 @@ EXECUTION_STRATEGIES: tuple[str, ...] = (PIPELINE, WEIGHT_STREAMING)
 """Every valid ``execution_strategy`` value."""
 ExecutionStrategy = Literal["pipeline", "weight_streaming"]
 """The type of an ``execution_strategy`` value."""
-EXECUTION_STRATEGY_ENV = "CSRUN_EXECUTION_STRATEGY"
+EXECUTION_STRATEGY_ENV = env_name("execution_strategy")
 """Environment variable run.py reads when ``--execution_strategy`` is not given (``python-ws``
 sets it to ``weight_streaming``); it overrides ``runconfig.execution_strategy``."""

@@ -15,12 +15,12 @@ variable is a one-line error naming it. The path is decided by
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import csrun
+from csrun.env_settings import env_settings
 from csrun.address import AddressError, parse_address
 from csrun.cluster import ClusterInfo, cluster_info
 from csrun.help_style import Parser
@@ -118,12 +118,7 @@ def parse_args(argv: list[str] | None, *, prog: str = "run.py", environ: Mapping
     parser = build_parser(prog, parents)
     args = parser.parse_args(argv)
     if args.execution_strategy is None:
-        env = os.environ if environ is None else environ
-        chosen = env.get(EXECUTION_STRATEGY_ENV, "").strip()
-        if chosen and chosen not in EXECUTION_STRATEGIES:
-            parser.error(f"{EXECUTION_STRATEGY_ENV}={chosen!r} is not one of {', '.join(EXECUTION_STRATEGIES)}: "
-                         f"set it to {WEIGHT_STREAMING} or unset it")
-        args.execution_strategy = chosen or None
+        args.execution_strategy = env_settings(environ).execution_strategy
     from_env = args.cs_ip is None
     if from_env:
         args.cs_ip = cluster_info(environ).cs_ip or None

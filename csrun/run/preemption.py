@@ -37,11 +37,12 @@ import signal
 from pathlib import Path
 from types import FrameType
 
+from csrun.env_settings import REQUEUE_FILE
 from csrun.errors import UserError
 from csrun.files import atomic_write
 from csrun.launch.preempt_signal import MAX_IDLE_REQUEUES_ENV, max_idle_requeues, preemption_signal
 
-REQUEUE_FILE_ENV = "CSRUN_REQUEUE_FILE"
+REQUEUE_FILE_ENV = REQUEUE_FILE.name
 """Set by ``csrun_wse --use-sbatch``'s batch script: where a preempted run says "requeue me"."""
 IDLE_FILE = ".csrun_idle_preemptions"
 """In model_dir: how many preemptions in a row ended a run without a gained step."""

@@ -21,18 +21,15 @@ import os
 import sys
 from typing import Any, Mapping, TextIO
 
-from csrun.errors import ConfigError
+from csrun.env_settings import env_name, env_settings
 
-PROGRESS_ENV = "CSRUN_PROGRESS"
-PROGRESS_CHOICES = ("auto", "bar", "lines")
+PROGRESS_ENV = env_name("progress")
 
 
 def wants_bar(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``stream`` is a real terminal worth a redrawing bar (rule in the module manual)."""
     env = os.environ if environ is None else environ
-    choice = env.get(PROGRESS_ENV, "").strip().lower() or "auto"
-    if choice not in PROGRESS_CHOICES:
-        raise ConfigError(f"{PROGRESS_ENV}={env[PROGRESS_ENV]!r} is not one of: {', '.join(PROGRESS_CHOICES)}")
+    choice = env_settings(environ).progress
     if choice != "auto":
         return choice == "bar"
     try:

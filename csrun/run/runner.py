@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 import csrun.torch as cbtorch
+from csrun.env_settings import check_environment
 from csrun.cluster import cluster_info
 from csrun.compiler.settings import CompileSettings, settings_from_config
 from csrun.program.errors import DeviceError
@@ -146,6 +147,7 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
     made = extra_args_parser_fn() if extra_args_parser_fn is not None else []
     parents = list(made) if isinstance(made, (list, tuple)) else [made]
     try:
+        check_environment()
         args = cli_args.parse_args(argv, prog=prog, parents=parents)
     except SystemExit as exc:  # --help or --version (0)
         return exc.code if isinstance(exc.code, int) else 2

@@ -9,17 +9,17 @@ apart on the stream's own communicator (a duplicate of ``MPI.COMM_WORLD``):
 ``TAG_DATA``   streamer -> chief: raw batch buffers, one message per leaf
 ``TAG_CREDIT`` chief -> streamer: START, CREDIT, STOP headers
 
-Environment variables read:
+Environment variables read (declared, with their defaults and bounds, in :mod:`csrun.env_settings`):
 
 ``CSRUN_STREAM_TIMEOUT``
     Seconds the chief waits for a streamer (its first batch, its next batch, its stop
-    acknowledgement) before ending the job with an error naming the rank. Default 60.
+    acknowledgement) before ending the job with an error naming the rank.
 ``CSRUN_STREAM_ERROR_GRACE``
     Seconds a failed streamer waits for the chief to end the job before it aborts the job
-    itself. Default 10.
+    itself.
 ``CSRUN_MPI_INIT_TIMEOUT``
     Seconds a task may wait in ``MPI_Init`` (it waits there for every other task of the job)
-    before it gives up with one line (exit code 137). Default 120. ``MPI_Init`` cannot be
+    before it gives up with one line (exit code 137). ``MPI_Init`` cannot be
     interrupted, so a watchdog process ends the task: a task that exited before joining MPI
     (a failed import, a missing data folder) no longer leaves the others waiting forever, even
     under a plain ``mpiexec`` or ``srun`` that csrun did not start (csrun_wse also ends the job
@@ -29,7 +29,7 @@ Environment variables read:
     ``MPI_Init`` (:mod:`csrun.stream.arrivals`).
 ``CSRUN_MPI_ARRIVALS_WAIT``
     The most seconds a task waits there for a peer on its node that never signs in (one that
-    is not csrun's) before it calls ``MPI_Init`` anyway. Default 30.
+    is not csrun's) before it calls ``MPI_Init`` anyway.
 
 mpi4py is imported only by :func:`mpi`, so a single-task run never loads MPI.
 """
@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from csrun.env_settings import env_settings
 from csrun.cluster import cluster_info
-from csrun.errors import UserError
 from csrun.stream import arrivals
 
 TAG_CTRL = 11
@@ -89,32 +89,19 @@ def empty_header() -> np.ndarray:
     return np.zeros(HEADER_LEN, dtype=np.int64)
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UserError(f"{name}={raw!r} is not a positive number of seconds")
-    return value
-
-
 def stream_timeout() -> float:
-    """``CSRUN_STREAM_TIMEOUT`` in seconds (default 60)."""
-    return _env_seconds("CSRUN_STREAM_TIMEOUT", 60.0)
+    """``CSRUN_STREAM_TIMEOUT`` in seconds (:mod:`csrun.env_settings`)."""
+    return env_settings().stream_timeout
 
 
 def error_grace() -> float:
-    """``CSRUN_STREAM_ERROR_GRACE`` in seconds (default 10)."""
-    return _env_seconds("CSRUN_STREAM_ERROR_GRACE", 10.0)
+    """``CSRUN_STREAM_ERROR_GRACE`` in seconds (:mod:`csrun.env_settings`)."""
+    return env_settings().stream_error_grace
 
 
 def mpi_init_timeout() -> float:
-    """``CSRUN_MPI_INIT_TIMEOUT`` in seconds (default 120)."""
-    return _env_seconds("CSRUN_MPI_INIT_TIMEOUT", 120.0)
+    """``CSRUN_MPI_INIT_TIMEOUT`` in seconds (:mod:`csrun.env_settings`)."""
+    return env_settings().mpi_init_timeout
 
 
 _mpi_ready = False
@@ -159,12 +146,10 @@ def mpi() -> Any:
 def _sign_in_on_the_board() -> arrivals.Board | None:
     """Wait asleep until this node's other tasks have come (MPICH's MPI_Init spins while it waits for
     them): :mod:`csrun.stream.arrivals`. The board, for ``leave`` after MPI_Init; None without one."""
-    switch = os.environ.get("CSRUN_MPI_ARRIVALS", "").strip().lower()
-    if switch not in ("", "on", "off"):
-        raise UserError(f"CSRUN_MPI_ARRIVALS={os.environ['CSRUN_MPI_ARRIVALS']!r} is not a setting; use on or off")
-    limit = _env_seconds("CSRUN_MPI_ARRIVALS_WAIT", 30.0)
+    settings = env_settings()
+    limit = settings.mpi_arrivals_wait
     try:
-        board = None if switch == "off" else arrivals.board_for(cluster_info())
+        board = arrivals.board_for(cluster_info()) if settings.mpi_arrivals else None
     except OSError:  # no usable temporary folder (tempfile.gettempdir): no board
         return None
     if board is None or not arrivals.sign_in(board):

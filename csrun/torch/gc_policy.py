@@ -25,22 +25,16 @@ Any other value is a one-line error naming it (on the chief; a streamer then doe
 from __future__ import annotations
 
 import gc
-import os
 
+from csrun.env_settings import env_name, env_settings
 from csrun.errors import UserError
-from csrun.typed_config import bool_word
 
-ENV = "CSRUN_GC_FREEZE"
+ENV = env_name("gc_freeze")
 
 
 def freeze_enabled() -> bool:
-    """Whether sessions freeze the heap at entry (``CSRUN_GC_FREEZE``; default yes)."""
-    raw = os.environ.get(ENV, "")
-    value = bool_word(raw) if raw.strip() else True
-    if value is not None:
-        return value
-    raise UserError(f"{ENV}={os.environ[ENV]!r} is not a setting; use 1 (the default: a Session freezes the heap "
-                    f"built before it) or 0 (leave the garbage collector alone)")
+    """Whether sessions freeze the heap at entry (``CSRUN_GC_FREEZE``; default yes: :mod:`csrun.env_settings`)."""
+    return env_settings().gc_freeze
 
 
 def hold_setup_objects(*, strict: bool = True) -> bool:

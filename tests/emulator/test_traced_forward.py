@@ -21,6 +21,7 @@ from torch import nn
 from csrun.emulator import traced_forward
 from csrun.emulator.engine import Engine
 from csrun.emulator.traced_forward import TracedForward
+from csrun.errors import ConfigError
 
 from ..models.helpers import first_batch, load_module, load_params
 from .helpers import MLP, TinyTransformer, input_specs, lm_batches, make_spec, mlp_batches, quiet
@@ -177,7 +178,7 @@ def test_off_and_a_trace_that_differs_run_the_graph(monkeypatch: pytest.MonkeyPa
     assert engine._forward is engine.module
 
 
-def test_an_unknown_mode_is_auto_with_a_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unknown_mode_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(traced_forward.ENV, "sometimes")
-    assert traced_forward.trace_mode() == "auto"
-    assert "CSRUN_ENGINE_TRACE='sometimes'" in caplog.text
+    with pytest.raises(ConfigError, match="CSRUN_ENGINE_TRACE: 'sometimes' is not one of 'auto', 'off'"):
+        traced_forward.trace_mode()

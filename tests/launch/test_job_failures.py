@@ -1,8 +1,8 @@
 """Every way a task can fail ends the whole csrun_wse job within seconds, with that task's code.
 
 A three-task job (tests/launch/scripts/failing_task.py) fails where ``FAIL=RANK:PHASE:CODE``
-says: before MPI init, inside initialize (a bad CSRUN_GC_FREEZE), inside Session entry (a bad
-CSRUN_STREAM_TIMEOUT), mid-stream on a
+says: before MPI init, inside initialize (a bad CSRUN_GC_FREEZE the task set itself), inside
+Session entry (a bad CSRUN_STREAM_TIMEOUT, the same), mid-stream on a
 streamer, mid-step on the chief, in an exit hook. Local mode (mpiexec) here; the same under
 Slurm in tests/slurm/test_job_failures_on_cluster.py. Also: a SIGKILLed csrun_wse takes its
 tasks (and a job's emulator) along, and an aborted job leaves no MPICH segment in /dev/shm.
@@ -42,8 +42,8 @@ def shm() -> set[str]:
 @pytest.mark.parametrize("fail, extra_env, code, rank", [
     ("1:before:7", {}, 7, 1),            # a streamer exits before MPI init
     ("0:before:5", {}, 5, 0),            # the chief exits before MPI init
-    ("-1:none:0", {"CSRUN_STREAM_TIMEOUT": "abc"}, 1, 0),  # inside Session entry
-    ("-1:none:0", {"CSRUN_GC_FREEZE": "maybe"}, 1, 0),  # inside initialize, before MPI init
+    ("-1:none:0", {"SET_ENV": "session:CSRUN_STREAM_TIMEOUT=abc"}, 1, 0),  # inside Session entry
+    ("-1:none:0", {"SET_ENV": "initialize:CSRUN_GC_FREEZE=maybe"}, 1, 0),  # inside initialize, before MPI init
     ("1:stream:9", {}, 9, 1),            # a streamer dies mid-stream
     ("0:step:3", {}, 3, 0),              # the chief exits mid-step
     ("2:atexit:4", {}, 4, 2),            # a streamer's exit hook fails after its work
@@ -60,6 +60,16 @@ def test_a_failed_task_ends_the_job_with_its_code(no_slurm_env: dict[str, str], 
     assert took < END_WITHIN_S + 5, f"{took:.1f} s"  # the job's own start-up included
     assert not leftovers()
     assert not (shm() - before), "the job left MPICH segments in /dev/shm"
+
+
+def test_a_bad_knob_in_the_launchers_environment_starts_no_task(no_slurm_env: dict[str, str]) -> None:
+    done = subprocess.run(job(no_slurm_env), env={**no_slurm_env, "CSRUN_GC_FREEZE": "maybe"}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "csrun_wse: error: CSRUN_GC_FREEZE: 'maybe' is not yes or no (1/0, true/false, yes/no, on/off) (a Session freezes the heap built before it "
+        "out of the garbage collector's scans; default on; unset it for the default)"]
+    assert "starting" not in done.stdout and not leftovers()
 
 
 def test_a_job_that_succeeds_exits_0(no_slurm_env: dict[str, str]) -> None:

@@ -68,8 +68,8 @@ def test_site_queries(query: str) -> None:
         (["--total-nodes", "three", "x"], "--total-nodes: 'three' is not a whole number"),
         (["--total-nodes", "0", "x"], "--total-nodes: '0' must be at least 1"),
         (["--single-task-nodes", "-1", "x"], "--single-task-nodes: '-1' must be at least 0"),
-        (["--logging", "maybe", "x"], "--logging: 'maybe' is not True or False"),
-        (["--cyclic=perhaps", "x"], "--cyclic: 'perhaps' is not True or False"),
+        (["--logging", "maybe", "x"], "--logging: 'maybe' is not yes or no (1/0, true/false, yes/no, on/off)"),
+        (["--cyclic=perhaps", "x"], "--cyclic: 'perhaps' is not yes or no"),
         (["--tasks-per-node"], "option --tasks-per-node needs a value"),
     ],
 )

@@ -32,14 +32,14 @@ def test_preemption_signal(value: str, sig: signal.Signals) -> None:
 
 @pytest.mark.parametrize("value", ["KILL", "INT", "9", "usr3"])
 def test_a_bad_preemption_signal_names_it(value: str) -> None:
-    with pytest.raises(ConfigError, match=f"CSRUN_PREEMPT_SIGNAL='{value}' is not a preemption signal: use one of USR1, USR2, TERM"):
+    with pytest.raises(ConfigError, match=f"^CSRUN_PREEMPT_SIGNAL: '{value}' is not a preemption signal: USR1, USR2 or TERM \\("):
         preemption_signal({"CSRUN_PREEMPT_SIGNAL": value})
 
 
 def test_submitit_signal_and_the_idle_cap() -> None:
     assert submitit_signal({}) == signal.SIGUSR2 and submitit_signal({"SUBMITIT_PREEMPT_SIGNAL": "USR1"}) == signal.SIGUSR1
     assert max_idle_requeues({}) == 3 and max_idle_requeues({"CSRUN_MAX_IDLE_REQUEUES": "5"}) == 5
-    with pytest.raises(ConfigError, match="CSRUN_MAX_IDLE_REQUEUES='0' is not a whole number >= 1"):
+    with pytest.raises(ConfigError, match="^CSRUN_MAX_IDLE_REQUEUES: '0' must be at least 1 \\(preemptions in a row"):
         max_idle_requeues({"CSRUN_MAX_IDLE_REQUEUES": "0"})
 
 

@@ -56,7 +56,7 @@ def test_the_bar_is_drawn_only_on_a_real_terminal(env: dict, bar: bool) -> None:
 
 
 def test_a_bad_progress_choice_names_it() -> None:
-    with pytest.raises(ConfigError, match="CSRUN_PROGRESS='fancy' is not one of: auto, bar, lines"):
+    with pytest.raises(ConfigError, match="^CSRUN_PROGRESS: 'fancy' is not one of 'auto', 'bar', 'lines' \\(the chief's progress display"):
         wants_bar(_Tty(), {"CSRUN_PROGRESS": "fancy"})
 
 

@@ -19,7 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "scripts" / "failing_t
 
 @pytest.mark.parametrize("fail, extra_env, code, rank, node", [
     ("1:before:7", {}, 7, 1, "cs-w1"),   # a streamer exits before MPI init
-    ("-1:none:0", {"CSRUN_GC_FREEZE": "maybe"}, 1, 0, "cs-chief"),  # the chief, inside initialize
+    ("-1:none:0", {"SET_ENV": "initialize:CSRUN_GC_FREEZE=maybe"}, 1, 0, "cs-chief"),  # the chief, inside initialize
     ("0:step:3", {}, 3, 0, "cs-chief"),  # the chief crashes mid-step: 3, not srun's 143
     ("2:stream:9", {}, 9, 2, "cs-w2"),   # a streamer dies mid-stream
 ])

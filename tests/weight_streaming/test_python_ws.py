@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from csrun.errors import UsageError
+from csrun.errors import ConfigError
 from csrun.launch.container import PYTHON_PT, PYTHON_WS, container_plan
 from csrun.program.execution import EXECUTION_STRATEGY_ENV
 from csrun.run.cli_args import parse_args
@@ -80,7 +80,7 @@ def test_run_py_takes_the_strategy_from_flag_then_environment_then_yaml() -> Non
 
 
 def test_a_bad_strategy_in_the_environment_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(UsageError) as exc:  # run.py prints it as one 'run.py: error: ...' line, exit 2
+    with pytest.raises(ConfigError) as exc:  # run.py prints it as one 'run.py: error: ...' line, exit 2
         parse_args(["-p", "x", "-m", "train"], environ={EXECUTION_STRATEGY_ENV: "streaming"})
     assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
-    assert "CSRUN_EXECUTION_STRATEGY='streaming' is not one of pipeline, weight_streaming" in str(exc.value)
+    assert str(exc.value).startswith("CSRUN_EXECUTION_STRATEGY: 'streaming' is not one of 'pipeline', 'weight_streaming'")

@@ -4,6 +4,8 @@ Phases: ``before`` (sys.exit before csrun or MPI is imported), ``stream`` (os._e
 task's DataLoader makes batch 5: a streamer dies mid-stream, or a lone chief mid-step), ``step``
 (sys.exit in the chief's loop at step 3), ``atexit`` (os._exit in an exit hook after the job's
 work), ``none``. Every task prints ``rank N starting``; the chief ``rank 0 done`` at the end. ``STEP_SLEEP`` seconds between steps (default 0.01).
+``SET_ENV=WHEN:NAME=VALUE`` sets a variable in the chief's own environment just before
+``initialize`` or ``session`` entry (a script that changes a setting the launcher never saw).
 """
 
 import atexit
@@ -13,6 +15,15 @@ import time
 
 rank = int(os.environ.get("PMI_RANK", os.environ.get("SLURM_PROCID", "0")))
 victim, phase, code = os.environ.get("FAIL", "-1:none:0").split(":")
+when, _, assignment = os.environ.get("SET_ENV", "").partition(":")
+
+
+def set_env(now: str) -> None:
+    if when == now and rank == 0:
+        name, _, value = assignment.partition("=")
+        os.environ[name] = value
+
+
 mine = rank == int(victim)
 if mine and phase == "before":
     sys.exit(int(code))
@@ -38,10 +49,12 @@ class Data(Dataset):
 
 if mine and phase == "atexit":
     atexit.register(lambda: os._exit(int(code)))
+set_env("initialize")
 cbtorch.initialize(None)
 print(f"rank {rank} starting", flush=True)  # every task (a streamer's body never runs: it ends in Session)
 loader = cbtorch.dataloader(DataLoader(Data(), batch_size=8, drop_last=True))
 pause = float(os.environ.get("STEP_SLEEP", "0.01"))
+set_env("session")
 with cbtorch.Session(loader):
     for i, batch in enumerate(loader):
         if mine and phase == "step" and i == 3:
