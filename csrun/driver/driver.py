@@ -1,24 +1,31 @@
 """The device driver: one object that owns compile -> program -> device -> step execution.
 
-:class:`DeviceDriver` is what the chief's training loop talks to on the device path (the
-user API's :class:`~csrun.torch.device_backend.DeviceBackend` is a thin adapter onto it):
+:class:`DeviceDriver` is the user API's device backend (it implements
+:class:`csrun.torch.backend.Backend`; ``initialize()`` builds one on the chief when the run path
+is not the CPU):
 
-* :meth:`~DeviceDriver.wrap_module` routes ``model(batch)`` to :meth:`~DeviceDriver.forward`;
-  :meth:`~DeviceDriver.wrap_optimizer` turns ``step()`` / ``zero_grad()`` into order checks
+* :meth:`~DeviceDriver.next_step` is the step boundary, in one place: the step that ended is
+  sent to the device, the next batch is fetched while the device runs it, the ended step's
+  closures run, and the batch opens the next step (its tensors become step values).
+
+* :meth:`~DeviceDriver.prepare_module` routes ``model(batch)`` to :meth:`~DeviceDriver.forward`;
+  :meth:`~DeviceDriver.prepare_optimizer` turns ``step()`` / ``zero_grad()`` into order checks
   (:class:`~csrun.driver.steps.StepOrder`): the device runs backward, the optimizer, the
   learning-rate schedule, clipping and loss scaling itself.
 * The first ``model(batch)`` of a mode opens the device (:func:`open_device`: embedded, or
   the server at the path's address, tried for ``CSRUN_CONNECT_TIMEOUT`` seconds, so a wrong
   address fails before any compile), then captures and compiles the step with
   :func:`csrun.compiler.flow.compile_only` (settings from the options, else
-  ``CompileSettings()`` with the wrapped optimizer; the session's DataLoader, from the
-  ``session_loader`` seam, for the short-last-batch check; the legacy messages on stdout),
+  ``CompileSettings()`` with the wrapped optimizer; the session's DataLoader, given at
+  :meth:`~DeviceDriver.begin_session`, for the short-last-batch check; the legacy messages on stdout),
   raises the compile's problems and loads the program with the module's weights, applies a
   :class:`PendingState` and submits the batch. Later calls check the batch against the
   captured spec and submit it: the user's Python forward does not run again.
-* ``model(batch)`` returns :class:`~csrun.driver.steps.StepTensor` handles (the loss, or a
-  dict like the forward's); the chief runs ahead up to ``queue_depth`` steps; closures
-  resolve handles at the step boundary (:class:`~csrun.driver.closures.ClosureRunner`).
+* ``model(batch)`` returns step values (:class:`~csrun.driver.step_values.StepValue`: the
+  loss, or a dict like the forward's); the chief runs ahead up to ``queue_depth`` steps;
+  closures read them at the step boundary (:class:`~csrun.driver.closures.ClosureRunner`).
+* :meth:`~DeviceDriver.apply_settings` is the one channel for compile settings from either
+  API (cstorch's training settings); a change after the step was compiled is refused.
 * A ``compile_only`` / ``validate_only`` path compiles at the first ``model(batch)`` and
   raises ``SystemExit(0)`` on success, ``SystemExit(1)`` on failure.
 * Switching modes (a train session, then eval) compiles the other program at its first
@@ -41,7 +48,7 @@ import logging
 import os
 import time
 import types
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterator, Literal, Mapping, NoReturn
 
 import torch
@@ -75,16 +82,19 @@ from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
 from csrun.emulator.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
+from csrun.stream.source import EPOCH_END
 
 log = logging.getLogger("csrun.driver")
 
 Mode = Literal["train", "eval"]
-SessionLoader = Callable[[], "DataLoader | None"]
-"""Seam: the user's DataLoader of the running session (None outside one), for the compile's checks."""
 
 
 class DeviceUsageError(UserError):
     """The model or optimizer was used in a way the device path cannot run."""
+
+
+class SettingsChangedError(UserError):
+    """A compile setting changed after the step was compiled with the old one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,10 +143,6 @@ def open_device(options: DeviceOptions) -> Device:
     return EmbeddedDevice(device=options.device, queue_depth=options.queue_depth)
 
 
-def _no_loader() -> DataLoader | None:
-    return None
-
-
 def _holds_step_values(obj: Any) -> bool:
     """Whether any tensor in ``obj`` (tuples, lists, dicts) is a step value."""
     return any(isinstance(leaf, StepValue) for leaf in pytree.tree_leaves(obj))
@@ -145,13 +151,14 @@ def _holds_step_values(obj: Any) -> bool:
 class DeviceDriver:
     """Compiles the step, loads the program, runs the steps on the device (see the module manual)."""
 
-    def __init__(self, options: DeviceOptions, *, device: Device | None = None,
-                 session_loader: SessionLoader = _no_loader) -> None:
-        """``device``: an already open device (tests); else opened at the first load as ``options``
-        say. ``session_loader``: the running session's DataLoader, for the compile's checks."""
+    name = "device"
+
+    def __init__(self, options: DeviceOptions, *, device: Device | None = None) -> None:
+        """``device``: an already open device (tests); else opened at the first load as ``options`` say."""
         self.options = options
         self.device = device
-        self.session_loader = session_loader
+        self.session_loader: DataLoader | None = None
+        """The running session's DataLoader (None outside one), for the compile's checks."""
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.mode: Mode = "train"
@@ -164,8 +171,8 @@ class DeviceDriver:
         """A state to load with the next program."""
         self.train_state: Mapping[str, Any] | None = None
         """The training state kept aside while an eval program is loaded."""
-        self.global_step = 0
-        """Optimizer steps taken (plus a loaded state's)."""
+        self.steps_taken = 0
+        """Optimizer steps taken (plus a loaded state's): :meth:`global_step`."""
         self.order = StepOrder()
         self.closures = ClosureRunner()
         self.recorders: dict[Mode, StepRecorder] = {"train": StepRecorder(notice=log.warning),
@@ -198,7 +205,7 @@ class DeviceDriver:
 
     # -- wrapping the user's objects ----------------------------------------------------------
 
-    def wrap_module(self, model: torch.nn.Module) -> torch.nn.Module:
+    def prepare_module(self, model: torch.nn.Module) -> torch.nn.Module:
         """Route ``model(...)`` calls to :meth:`forward`; the module is returned unchanged otherwise."""
         driver = self
         own = model.__dict__.get("forward")
@@ -226,7 +233,7 @@ class DeviceDriver:
         self.view.attach_model(model)
         return model
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """``step()`` and ``zero_grad()`` become order checks (the device runs the optimizer)."""
         driver = self
 
@@ -345,22 +352,36 @@ class DeviceDriver:
                                        "or remove the hook")
             self._marked = clipping.mark_gradients(self.model.parameters())
 
-    def begin_session(self, mode: Mode) -> None:
-        """Remember the mode; the session's first step is recorded anew (its program is compiled,
-        or found in the cache, at its boundary; the loaded one is kept when it is the same step)."""
-        self.mode = mode
-        self.order.reset(mode)
+    def begin_session(self, mode: str, loader: DataLoader | None = None) -> None:
+        """Remember the mode (``eval``, else ``train``) and the session's DataLoader; the session's
+        first step is recorded anew (its program is compiled, or found in the cache, at its
+        boundary; the loaded one is kept when it is the same step)."""
+        self.session_loader = loader
+        self.mode = "eval" if mode == "eval" else "train"
+        self.order.reset(self.mode)
         self._step_clip = None
         self.order.accumulates = self.options.settings is not None and self.options.settings.streaming
-        self.recorders[mode].reset()
+        self.recorders[self.mode].reset()
         if self.model is not None:
-            self.model.train(mode == "train")
+            self.model.train(self.mode == "train")
 
-    def begin_step(self, batch: Any) -> Any:
-        """A batch from the session's loader: a new step; its tensors become step values."""
+    def next_step(self, fetch: Callable[[], Any], ended: list[StepClosure] | None) -> Any:
+        """The step boundary before a batch: send the step that ended (``ended``: its closures; None
+        when no step ended) to the device, fetch the next batch while it runs, run the closures, and
+        open the next step with the batch (its tensors become step values). Returns the batch as the
+        step receives it, or ``EPOCH_END`` from ``fetch``."""
+        if ended is not None and self.open_step is not None:
+            self._dispatch()
+        try:
+            item = fetch()
+        finally:
+            if ended is not None:  # before the next step opens: a closure sees its own step's state
+                self.closures.run(ended)
+        if item is EPOCH_END:
+            return item
         if self.open_step is not None:
             self._dispatch()
-        return self._open(batch, implicit=False)
+        return self._open(item, implicit=False)
 
     def _open(self, batch: Any, *, implicit: bool) -> Any:
         recorder = self.recorders[self.mode]
@@ -369,19 +390,21 @@ class DeviceDriver:
         self.open_step = OpenStep(mode=self.mode, batch=batch, recorder=recorder, implicit=implicit)
         return wrapped
 
-    def dispatch_step(self) -> None:
-        """Send the open step to the device now, if one is open (its closures run at :meth:`end_step`)."""
-        if self.open_step is not None:
-            self._dispatch()
-
     def end_step(self, closures: list[StepClosure]) -> None:
-        """The step's boundary: send it to the device (step 1: compile first), then run its closures."""
+        """A step boundary with no next batch (the loop's end, ``mark_step``): send the open step to
+        the device (step 1: compile first), then run its closures."""
         if self.open_step is not None:
             self._dispatch()
         self.closures.run(closures)
 
     def end_session(self, failed: bool) -> None:
         """Wait for async closures and the device; check the last step was complete."""
+        try:
+            self._end_session(failed)
+        finally:
+            self.session_loader = None
+
+    def _end_session(self, failed: bool) -> None:
         self._unmark()
         self.view.after_update = False
         if failed:
@@ -506,7 +529,29 @@ class DeviceDriver:
             self.view.after_update = True
         if self.optimizer is not None:  # what the script's optimizer would use (the check's eager step)
             self._step_rates = [float(g["lr"]) for g in self.optimizer.param_groups]
-        self.global_step += 1
+        self.steps_taken += 1
+
+    def global_step(self) -> int:
+        """Training steps taken (plus a loaded state's); the device counts a skipped update's step."""
+        return self.steps_taken
+
+    def skipped_step(self) -> None:
+        """Nothing: the device's loss scaling skips and counts its own steps."""
+
+    def loss_scaled(self, unscaled: bool) -> None:
+        """The loop's scaler scaled the loss, or unscaled the gradients (the device does both)."""
+        self.order.loss_scaled(unscaled)
+
+    def apply_settings(self, settings: CompileSettings) -> None:
+        """Compile with ``settings`` from now on; refused (:class:`SettingsChangedError`, naming the
+        changed fields) once a step is compiled with other settings."""
+        old = self.options.settings
+        if self.loaded is not None and old != settings:
+            changed = [f.name for f in fields(CompileSettings)
+                       if getattr(old, f.name, None) != getattr(settings, f.name)]
+            raise SettingsChangedError(f"{', '.join(changed) or 'a compile setting'} changed after the step was "
+                                       "compiled: set it before the first step and keep it for the run")
+        self.options = replace(self.options, settings=settings)
 
     # -- compile and load ---------------------------------------------------------------------
 
@@ -533,7 +578,7 @@ class DeviceDriver:
         if self.model is None:
             raise DeviceUsageError("wrap the model with cbtorch.module(model) before calling it")
         optimizer = self.optimizer if mode == "train" else None
-        loader = self.session_loader()
+        loader = self.session_loader
         console = Console(highlight=False, soft_wrap=True)
         with self.view.internal(), self._user_objects(recording):
             if validate:
@@ -611,12 +656,12 @@ class DeviceDriver:
         if self.loaded is None or self.device is None:
             if self.pending is not None:
                 return dict(self.pending.state)
-            return legacy_state.eager_state(self.model, self.optimizer, self.global_step)
+            return legacy_state.eager_state(self.model, self.optimizer, self.steps_taken)
         schedulers = self.schedulers is not None and bool(self.schedulers.schedulers)
         state = legacy_state.from_device(self.device.state_dict(), self.model, self.optimizer,
                                          own_learning_rates=schedulers)
         if self.loaded.mode != "train":
-            state["global_step"] = self.global_step
+            state["global_step"] = self.steps_taken
             if self.train_state is not None:
                 state["optimizer"] = self.train_state.get("optimizer", {})
                 state["amp"] = self.train_state.get("amp", {})
@@ -631,7 +676,7 @@ class DeviceDriver:
     def _set_state(self, state: Mapping[str, Any], *, strict: bool, load_optimizer: bool) -> None:
         state = legacy_state.check(state)
         if load_optimizer:
-            self.global_step = legacy_state.step_of(state)
+            self.steps_taken = legacy_state.step_of(state)
         pending = PendingState(state=state, strict=strict, load_optimizer=load_optimizer)
         if self.loaded is None:
             self.pending = pending
@@ -648,7 +693,7 @@ class DeviceDriver:
 
     def load_model_state(self, state: Mapping[str, Any], strict: bool) -> None:
         """``model.load_state_dict`` reached the device (weights only; kept for the program when none is loaded)."""
-        full = {"model": dict(state), "optimizer": {}, "amp": {}, "global_step": self.global_step}
+        full = {"model": dict(state), "optimizer": {}, "amp": {}, "global_step": self.steps_taken}
         if self.loaded is None:
             if self.pending is not None:
                 self.pending = replace(self.pending, state={**self.pending.state, "model": dict(state)})

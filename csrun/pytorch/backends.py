@@ -32,7 +32,8 @@ from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import LossScalingSpec
 from csrun.driver.run_path import RunPath
 from csrun.errors import UserError
-from csrun.torch.device_backend import DeviceBackend
+from csrun.driver.driver import DeviceDriver
+from csrun.driver.driver import SettingsChangedError as CompiledWithOthers
 
 BackendType = Literal["CSX", "CPU"]
 BACKEND_TYPES: tuple[BackendType, ...] = ("CSX", "CPU")
@@ -49,7 +50,7 @@ class BackendError(UserError):
     """A backend asked for something csrun cannot do, or a step run without one."""
 
 
-class SettingsChangedError(UserError):
+class SettingsChangedError(CompiledWithOthers):
     """A training setting changed after the step was compiled with the old one."""
 
 
@@ -170,21 +171,18 @@ class Backend:
     @property
     def on_device(self) -> bool:
         """True when this task's steps run on the emulator (the chief on a device path)."""
-        return isinstance(self.state.backend, DeviceBackend)
+        return isinstance(self.state.backend, DeviceDriver)
 
     def apply_settings(self, settings: TrainingSettings) -> None:
-        """Hand ``settings`` to the driver (refused once the step is compiled with others)."""
-        be = self.state.backend
-        if not isinstance(be, DeviceBackend):
-            return
-        driver = be.driver
-        new = settings.compile_settings()
-        if driver.loaded is not None and driver.options.settings != new:
+        """Hand ``settings`` to the backend (refused once the step is compiled with others; on the
+        CPU the eager loop applies them itself)."""
+        try:
+            self.state.backend.apply_settings(settings.compile_settings())
+        except CompiledWithOthers:
             changed = [k for k in TrainingSettings.__dataclass_fields__
                        if getattr(settings, k) != getattr(_settings, k)]
             raise SettingsChangedError(f"{', '.join(changed) or 'a training setting'} changed after the step was "
-                                       f"compiled: set it before the first step and keep it for the run")
-        driver.options = replace(driver.options, settings=new)
+                                       f"compiled: set it before the first step and keep it for the run") from None
 
     def __repr__(self) -> str:
         return f"cstorch.backend({self.backend_type!r}, path={self.run_path.kind})"

@@ -41,3 +41,13 @@ class BatchSource(Protocol):
         skipped epoch need not load its data). An epoch end at the skip point itself is not
         yielded. An epoch with no batches is an error (it would spin forever).
         """
+
+
+class BatchStream(Protocol):
+    """Where the chief's batches come from: the streamers' receiver, or the local loader."""
+
+    def next(self) -> Any:
+        """The next batch, or ``EPOCH_END``."""
+
+    def stop(self) -> list[Any]:
+        """Stop the stream; the streamers' statistics (none for a local stream)."""

@@ -13,8 +13,11 @@ workers would make it faster.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from csrun.stream.source import EPOCH_END, BatchStream
 
 INPUT_BOUND_FRACTION = 0.10
 """The chief's input-wait share of the run above which the run is called input-bound."""
@@ -74,6 +77,31 @@ class ChiefStats:
         """Share of the chief's time spent waiting for input."""
         total = self.input_wait_s + self.step_s
         return self.input_wait_s / total if total > 0 else 0.0
+
+
+class TimedInput:
+    """A chief's stream with its clock: time in :meth:`next` is input wait, the time from handing
+    out a batch to asking for the next is step time (:class:`ChiefStats`)."""
+
+    def __init__(self, stream: BatchStream, stats: ChiefStats) -> None:
+        self.stream = stream
+        self.stats = stats
+        self._handed_at: float | None = None
+
+    def next(self) -> Any:
+        """The stream's next batch (or ``EPOCH_END``), timed."""
+        t0 = time.perf_counter()
+        if self._handed_at is not None:
+            self.stats.step_s += t0 - self._handed_at
+        item = self.stream.next()
+        t1 = time.perf_counter()
+        self.stats.input_wait_s += t1 - t0
+        if item is EPOCH_END:
+            self._handed_at = None
+            return item
+        self.stats.batches += 1
+        self._handed_at = t1
+        return item
 
 
 @dataclass(kw_only=True)

@@ -49,8 +49,8 @@ any positional or keyword arguments, a loss computed outside the model, metrics 
 ``optimizer.step()`` — is recorded in the Session's first step and compiled as one program;
 later steps are checked against it for a few microseconds per operation, and a step that
 differs (another branch, another loss, another shape) is refused naming its file and line
-(the design: :mod:`csrun.driver.step_recording`; the driver: :mod:`csrun.driver.driver`,
-reached through :mod:`csrun.torch.device_backend`). The batch's own values stay readable on
+(the design: :mod:`csrun.driver.step_recording`; the driver, which is the device backend:
+:mod:`csrun.driver.driver`). The batch's own values stay readable on
 the chief; the model's outputs and what is computed from them are device values, read in
 step closures (anywhere else they raise the system's hint). ``loss.backward()``,
 ``optimizer.step()``, ``optimizer.zero_grad()`` and ``lr_scheduler.step()`` are checked for
@@ -104,6 +104,7 @@ import torch
 
 from csrun.driver.closures import StepClosure
 from csrun.driver.compile_info import CompileInfo
+from csrun.driver.driver import DeviceDriver
 from csrun.driver.options import DeviceOptions
 from csrun.errors import UserError
 from csrun.stream.errors import BatchError, StreamError
@@ -111,7 +112,6 @@ from csrun.stream.stats import StreamStats
 from csrun.torch.backend import Backend, EagerBackend, register_device_backend
 from csrun.torch.closures import add_step_closure, step_closure
 from csrun.torch.dataloader import StreamingDataLoader, dataloader
-from csrun.torch.device_backend import make_device_backend
 from csrun.torch.helpers import (
     get_local_ordinal,
     get_ordinal,
@@ -194,4 +194,4 @@ __all__ = [
 ]
 
 
-register_device_backend(make_device_backend)  # the device path: csrun.driver behind csrun.torch.device_backend
+register_device_backend(DeviceDriver)  # the device path: the driver is the device backend

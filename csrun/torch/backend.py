@@ -5,13 +5,15 @@ The user API never runs a step itself; it calls a :class:`Backend` at fixed poin
 * ``module(model)`` / ``optimizer(opt)`` -> :meth:`Backend.prepare_module` /
   :meth:`Backend.prepare_optimizer` (a compiler backend captures the model on the chief's
   first step; a device backend keeps weights and optimizer state on the device);
-* session enter -> :meth:`Backend.begin_session` with the mode;
-* every batch the chief's dataloader hands out -> :meth:`Backend.prepare_batch` (a device
-  backend ships it to the device and hands back device-tensor handles);
-* every step boundary (the dataloader asked for its next batch, the loop ended, the
-  session ended) -> :meth:`Backend.end_step` with the step closures queued during that step,
-  in the order added (a device backend waits for the step's outputs, turns device handles
-  in the closures' arguments into CPU tensors, then runs them);
+* session enter -> :meth:`Backend.begin_session` with the mode and the session's DataLoader;
+* every batch the chief's dataloader hands out -> :meth:`Backend.next_step`, the step
+  boundary in one call: the backend ends the step in flight (a device backend sends it to the
+  device), fetches the next batch, runs the ended step's closures in the order added (a device
+  backend first turns device values in their arguments into CPU tensors), and opens the next
+  step with the batch (a device backend hands back step values);
+* a boundary with no next batch (the loop ended, ``mark_step``, the session ended) ->
+  :meth:`Backend.end_step` with the step's closures;
+* cstorch's training settings -> :meth:`Backend.apply_settings` (the compile's settings);
 * session exit -> :meth:`Backend.end_session`;
 * ``cbtorch.global_step()`` / ``get_state()`` / ``set_state()`` -> :meth:`Backend.global_step`,
   :meth:`Backend.get_state`, :meth:`Backend.set_state` (the legacy checkpoint state, see
@@ -23,7 +25,7 @@ semantics (learning-rate schedule from the global step, gradient clipping; see
 :mod:`csrun.torch.rules`), so CPU and device runs agree. Device backends register a factory
 with :func:`register_device_backend`; ``initialize()`` on the chief calls it when the run
 path (:mod:`csrun.driver.run_path`) is not the CPU (csrun.torch installs
-:mod:`csrun.torch.device_backend` on import). :class:`~csrun.driver.closures.StepClosure` and
+:class:`~csrun.driver.driver.DeviceDriver` on import: the driver is the device backend). :class:`~csrun.driver.closures.StepClosure` and
 :class:`~csrun.driver.options.DeviceOptions` live in the driver and are named here too.
 """
 
@@ -33,10 +35,13 @@ from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
+from torch.utils.data import DataLoader
+
 from csrun.compiler.settings import CompileSettings
 from csrun.driver import legacy_state
 from csrun.driver.closures import StepClosure
 from csrun.driver.options import DeviceOptions
+from csrun.stream.source import EPOCH_END
 from csrun.torch.device_preview import DevicePreview
 from csrun.torch.rules import TrainingRules
 
@@ -55,18 +60,19 @@ class Backend(Protocol):
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer the user's loop calls."""
 
-    def begin_session(self, mode: str) -> None:
-        """A session in ``train`` or ``eval`` mode starts."""
+    def begin_session(self, mode: str, loader: DataLoader | None = None) -> None:
+        """A session in ``train`` or ``eval`` mode starts (``loader``: its DataLoader as the user gave it)."""
 
-    def prepare_batch(self, batch: Any) -> Any:
-        """The batch as the step receives it."""
-
-    def dispatch_step(self) -> None:
-        """The step in the making is complete: start it on the device now (its closures run
-        later, at :meth:`end_step`, once the next batch has been fetched)."""
+    def next_step(self, fetch: Callable[[], Any], ended: list[StepClosure] | None) -> Any:
+        """The step boundary before a batch: end the step in flight (``ended``: its closures, None
+        when none ended), ``fetch()`` the next batch, run the closures, open the next step.
+        Returns the batch as the step receives it, or ``EPOCH_END`` as ``fetch`` gave it."""
 
     def end_step(self, closures: list[StepClosure]) -> None:
-        """A step ended: run its closures, in order."""
+        """A step ended with no next batch: run its closures, in order."""
+
+    def apply_settings(self, settings: CompileSettings) -> None:
+        """Compile settings from the user API (refused once a step is compiled with others)."""
 
     def end_session(self, failed: bool) -> None:
         """The session ended (``failed`` when it ended with an exception)."""
@@ -122,18 +128,25 @@ class EagerBackend:
             self.preview.optimizer(optimizer)
         return optimizer
 
-    def begin_session(self, mode: str) -> None:
+    def begin_session(self, mode: str, loader: DataLoader | None = None) -> None:
         """Put the registered models in train or eval mode."""
         for m in self.modules:
             m.train(mode == "train")
 
-    def prepare_batch(self, batch: Any) -> Any:
-        """Return the batch unchanged (a new step for the device preview)."""
-        self.preview.begin_step()
-        return batch
+    def next_step(self, fetch: Callable[[], Any], ended: list[StepClosure] | None) -> Any:
+        """Fetch the next batch, run the ended step's closures, return the batch unchanged (a new
+        step for the device preview)."""
+        try:
+            item = fetch()
+        finally:
+            if ended is not None:
+                self.end_step(ended)
+        if item is not EPOCH_END:
+            self.preview.begin_step()
+        return item
 
-    def dispatch_step(self) -> None:
-        """Nothing to start: the user's Python ran the step."""
+    def apply_settings(self, settings: CompileSettings) -> None:
+        """Nothing: on the CPU the script's own optimizer, schedule and clipping run."""
 
     def end_step(self, closures: list[StepClosure]) -> None:
         """Run the closures now, in order (``run_async`` too: there is nothing to overlap with)."""
@@ -185,3 +198,4 @@ def register_device_backend(factory: DeviceFactory | None) -> None:
 def device_factory() -> DeviceFactory | None:
     """The registered device factory, if any."""
     return _device_factory
+

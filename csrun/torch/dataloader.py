@@ -16,75 +16,28 @@ preallocated ones) is refused at its next batch, on streamers and on a lone chie
 (:func:`csrun.stream.schema.check_untouched`). torch's ``default_collate`` makes new ones.
 
 ``len()`` is the number of batches per epoch over all streamers; :meth:`StreamingDataLoader.skip`
-starts the sequence at a global batch (exact resume). Every ``next()`` is a step boundary:
-the previous step's closures run first. The chief's time waiting for input and time in
+starts the sequence at a global batch (exact resume). Every ``next()`` is a step boundary, which
+the backend runs in one call (:meth:`csrun.torch.backend.Backend.next_step`: the previous step is
+sent, the batch fetched, the previous step's closures run, the next step opened). The chief's time waiting for input and time in
 steps are counted in :attr:`StreamingDataLoader.stats`.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
 from csrun.errors import UserError
 from csrun.stream.local import LocalStream
-from csrun.stream.source import EPOCH_END
-from csrun.stream.stats import ChiefStats, StreamerStats
+from csrun.stream.source import EPOCH_END, BatchStream
+from csrun.stream.stats import ChiefStats, StreamerStats, TimedInput
 from csrun.torch.closures import end_step
-from csrun.torch.sharding import DataLoaderError, ShardPlan, ShardSampler, plan_shard, shard_loader
+from csrun.torch.sharding import DataLoaderError, LoaderSource, plan_shard, shard_loader
 from csrun.torch.process_state import state
 
 DEFAULT_PREFETCH = 4
 """Batches in flight per streamer when the loader sets no ``prefetch_factor``."""
-
-
-class BatchStream(Protocol):
-    """Where the chief's batches come from: the streamers' receiver, or the local loader."""
-
-    def next(self) -> Any:
-        """The next batch, or ``EPOCH_END``."""
-
-    def stop(self) -> list[StreamerStats]:
-        """Stop the stream; the streamers' statistics (none for a local stream)."""
-
-
-class LoaderSource:
-    """This task's shard as a :class:`~csrun.stream.source.BatchSource` (epoch after epoch)."""
-
-    def __init__(self, loader: DataLoader, sampler: ShardSampler | None, plan: ShardPlan) -> None:
-        self._loader, self._sampler, self._plan = loader, sampler, plan
-
-    def batches_per_epoch(self) -> int | None:
-        """Batches per epoch of this shard (None for iterable datasets)."""
-        return self._plan.batches_per_epoch
-
-    def stream(self, skip: int) -> Iterator[Any]:
-        """Batches epoch after epoch with EPOCH_END between; the first ``skip`` left out."""
-        per_epoch = self._plan.batches_per_epoch
-        if self._sampler is not None and per_epoch:
-            epochs, within = divmod(skip, per_epoch)
-            for _ in range(epochs):  # replay skipped epochs without loading a sample
-                self._sampler.skip = len(self._sampler)
-                for _ in self._loader:
-                    pass
-            self._sampler.skip = within * self._plan.batch_size
-            while True:
-                yield from self._loader
-                yield EPOCH_END
-        skipped = 0
-        while True:
-            seen = emitted = 0
-            for batch in self._loader:
-                seen += 1
-                if skipped < skip:
-                    skipped += 1
-                    continue
-                emitted += 1
-                yield batch
-            if emitted or not seen:
-                yield EPOCH_END
 
 
 class StreamingDataLoader:
@@ -108,8 +61,9 @@ class StreamingDataLoader:
         """The chief's input-wait and step times."""
         self._skip = 0
         self._stream: BatchStream | None = None
+        self._input: TimedInput | None = None
+        """The stream with the chief's clock (made at the first batch)."""
         self._in_step = False
-        self._last_return: float | None = None
 
     @property
     def dataset(self) -> Any:
@@ -151,7 +105,7 @@ class StreamingDataLoader:
 
     def attach(self, stream: BatchStream) -> None:
         """Take batches from ``stream`` (the Session's receiver) instead of the local loader."""
-        self._stream = stream
+        self._stream, self._input = stream, None
 
     def finish(self, run_closures: bool = True) -> list[StreamerStats]:
         """End the step in flight (its closures run unless told not to), stop the stream.
@@ -159,7 +113,7 @@ class StreamingDataLoader:
         Returns the streamers' statistics.
         """
         st = state()
-        stream, self._stream = self._stream, None
+        stream, self._stream, self._input = self._stream, None, None
         try:
             if run_closures and (self._in_step or st.closures):
                 self._in_step = False
@@ -172,39 +126,24 @@ class StreamingDataLoader:
 
     def _next(self) -> Any:
         st = state()
-        ending = self._in_step  # the step that just ended: on the device now, its closures after the fetch
-        if ending:
+        timed = self._input or self._start_input(st)
+        ended = None
+        if self._in_step:  # the step that just ended: the backend sends it, fetches, then runs its closures
             self._in_step = False
-            st.backend.dispatch_step()
-        try:
-            item = self._fetch(st)
-        finally:
-            if ending:
-                end_step()  # before the next step begins: the closures see their own step's state
-        if item is EPOCH_END:
-            return item
-        self._in_step = True
-        return st.backend.prepare_batch(item)
+            ended, st.closures = st.closures, []
+        item = st.backend.next_step(timed.next, ended)
+        self._in_step = item is not EPOCH_END
+        return item
 
-    def _fetch(self, st: Any) -> Any:
-        """The next batch from the stream (or the epoch's end), timed as input wait."""
+    def _start_input(self, st: Any) -> TimedInput:
+        """The timed stream: the Session's receiver, or this task's shard on a lone chief."""
         if self._stream is None:
             if st.streaming:
                 raise UserError("iterate the dataloader inside `with cbtorch.Session(dataloader):` "
                                 "(its batches come from the streamers)")
             self._stream = LocalStream(self.source(), skip=self._skip)
-        t0 = time.perf_counter()
-        if self._last_return is not None:
-            self.stats.step_s += t0 - self._last_return
-        item = self._stream.next()
-        t1 = time.perf_counter()
-        self.stats.input_wait_s += t1 - t0
-        if item is EPOCH_END:
-            self._last_return = None
-            return item
-        self.stats.batches += 1
-        self._last_return = t1
-        return item
+        self._input = TimedInput(self._stream, self.stats)
+        return self._input
 
 
 class _Epoch:

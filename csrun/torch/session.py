@@ -87,7 +87,7 @@ class Session:
             stream_timeout(), error_grace()  # a bad setting fails here, while the streamers can still be released
         self._held_heap = hold_setup_objects()  # csrun.torch.gc_policy: the setup's heap is not scanned again
         try:
-            st.backend.begin_session(self.mode)
+            st.backend.begin_session(self.mode, self.dataloader.loader)
         except BaseException:
             release_setup_objects(self._held_heap)
             raise

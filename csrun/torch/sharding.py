@@ -25,6 +25,7 @@ from typing import Any, Iterator, Sized, cast
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from csrun.errors import UserError
+from csrun.stream.source import EPOCH_END
 
 
 class DataLoaderError(UserError):
@@ -141,3 +142,40 @@ def shard_loader(loader: DataLoader, plan: ShardPlan) -> tuple[DataLoader, Shard
     sampler = ShardSampler(base, plan.shard, plan.num_shards)
     return DataLoader(loader.dataset, batch_size=plan.batch_size, sampler=sampler, drop_last=True,
                       **options), sampler
+
+
+class LoaderSource:
+    """This task's shard as a :class:`~csrun.stream.source.BatchSource` (epoch after epoch)."""
+
+    def __init__(self, loader: DataLoader, sampler: ShardSampler | None, plan: ShardPlan) -> None:
+        self._loader, self._sampler, self._plan = loader, sampler, plan
+
+    def batches_per_epoch(self) -> int | None:
+        """Batches per epoch of this shard (None for iterable datasets)."""
+        return self._plan.batches_per_epoch
+
+    def stream(self, skip: int) -> Iterator[Any]:
+        """Batches epoch after epoch with EPOCH_END between; the first ``skip`` left out."""
+        per_epoch = self._plan.batches_per_epoch
+        if self._sampler is not None and per_epoch:
+            epochs, within = divmod(skip, per_epoch)
+            for _ in range(epochs):  # replay skipped epochs without loading a sample
+                self._sampler.skip = len(self._sampler)
+                for _ in self._loader:
+                    pass
+            self._sampler.skip = within * self._plan.batch_size
+            while True:
+                yield from self._loader
+                yield EPOCH_END
+        skipped = 0
+        while True:
+            seen = emitted = 0
+            for batch in self._loader:
+                seen += 1
+                if skipped < skip:
+                    skipped += 1
+                    continue
+                emitted += 1
+                yield batch
+            if emitted or not seen:
+                yield EPOCH_END

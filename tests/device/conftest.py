@@ -9,7 +9,7 @@ import pytest
 
 from csrun.torch import backend as backend_mod
 from csrun.torch import process_state as state_mod
-from csrun.torch.device_backend import make_device_backend
+from csrun.driver.driver import DeviceDriver
 
 _ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
         "SLURM_HET_SIZE", "CS_IP", "CSRUN_LAUNCHER")
@@ -21,10 +21,10 @@ def lone_chief(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in _ENV:
         monkeypatch.delenv(name, raising=False)
     state_mod.reset_for_tests()
-    backend_mod.register_device_backend(make_device_backend)
+    backend_mod.register_device_backend(DeviceDriver)
     yield
     state_mod.reset_for_tests()
-    backend_mod.register_device_backend(make_device_backend)
+    backend_mod.register_device_backend(DeviceDriver)
 
 
 @pytest.fixture()

@@ -8,7 +8,7 @@ import pytest
 
 import csrun.torch as cbtorch
 from csrun.address import AddressError
-from csrun.torch.device_backend import DeviceBackend
+from csrun.driver.driver import DeviceDriver
 from csrun.torch.process_state import InitializeError
 from tests.device.helpers import train
 
@@ -34,7 +34,7 @@ def test_initialize_reads_the_path_from_arguments_and_environment(
     state_mod.reset_for_tests()  # ClusterInfo is read once per process state
     st = cbtorch.initialize(cs_ip)
     assert (st.options.path.kind, st.options.cs_ip) == (kind, address)
-    assert isinstance(st.backend, DeviceBackend) == (kind != "cpu")
+    assert isinstance(st.backend, DeviceDriver) == (kind != "cpu")
 
 
 def test_initialize_picks_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,11 +44,11 @@ def test_initialize_picks_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CSRUN_LAUNCHER", "csrun_wse")
     state_mod.reset_for_tests()
     st = cbtorch.initialize(queue_depth=3)
-    assert isinstance(st.backend, DeviceBackend) and st.options.embedded and st.options.queue_depth == 3
+    assert isinstance(st.backend, DeviceDriver) and st.options.embedded and st.options.queue_depth == 3
     assert cbtorch.use_cs() and cbtorch.global_step() == 0
     monkeypatch.setenv("CSRUN_LAUNCHER", "csrun_cpu")
     state_mod.reset_for_tests()
-    assert isinstance(cbtorch.initialize(compile_only=True).backend, DeviceBackend)
+    assert isinstance(cbtorch.initialize(compile_only=True).backend, DeviceDriver)
     with pytest.raises(InitializeError, match="Please set one of compile_only and validate_only"):
         cbtorch.initialize(compile_only=True, validate_only=True)
     with pytest.raises(InitializeError, match="queue_depth must be a positive integer"):

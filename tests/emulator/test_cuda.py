@@ -109,10 +109,10 @@ def _script_loop(cs_ip: str | None, model_dir: str, device: str = "cpu") -> tupl
     from csrun.compiler import CompileSettings
     from csrun.torch import backend as backend_mod
     from csrun.torch import process_state
-    from csrun.torch.device_backend import make_device_backend
+    from csrun.driver.driver import DeviceDriver
 
     process_state.reset_for_tests()
-    backend_mod.register_device_backend(make_device_backend)
+    backend_mod.register_device_backend(DeviceDriver)
     torch.manual_seed(0)
     cbtorch.initialize(cs_ip, settings=CompileSettings(mixed_precision=False), model_dir=model_dir, device=device)
     model = cbtorch.module(torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),

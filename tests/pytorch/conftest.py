@@ -16,7 +16,7 @@ from csrun.emulator.server import EmulatorServer
 from csrun.pytorch import backends as cstorch_backend
 from csrun.torch import backend as backend_mod
 from csrun.torch import process_state as state_mod
-from csrun.torch.device_backend import make_device_backend
+from csrun.driver.driver import DeviceDriver
 from tests.conftest import REPO, base_env
 from tests.pytorch.scripts import tiny
 
@@ -115,7 +115,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(name, raising=False)
     state_mod.reset_for_tests()
     cstorch_backend.reset_for_tests()
-    backend_mod.register_device_backend(make_device_backend)
+    backend_mod.register_device_backend(DeviceDriver)
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -129,13 +129,15 @@ class Recording(cbtorch.EagerBackend):
         super().__init__()
         self.calls = []
 
-    def begin_session(self, mode):
+    def begin_session(self, mode, loader=None):
         self.calls.append(("begin", mode))
-        super().begin_session(mode)
+        super().begin_session(mode, loader)
 
-    def prepare_batch(self, batch):
-        self.calls.append(("batch", batch["y"].tolist()))
-        return batch
+    def next_step(self, fetch, ended):
+        item = super().next_step(fetch, ended)  # the ended step's closures: end_step, below
+        if isinstance(item, dict):
+            self.calls.append(("batch", item["y"].tolist()))
+        return item
 
     def end_step(self, closures):
         self.calls.append(("end_step", len(closures)))
@@ -159,3 +161,17 @@ def test_backend_seam_sees_every_batch_and_step_boundary():
                              ("end_step", 1), ("end", False)]
     with pytest.raises(UserError, match="needs a torch.nn.Module"):
         cbtorch.module(object())
+
+
+def test_the_device_driver_and_the_eager_backend_both_are_backends():
+    import inspect
+
+    from csrun.driver.driver import DeviceDriver
+    from csrun.torch.backend import Backend
+
+    methods = [n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")]
+    assert "next_step" in methods and "apply_settings" in methods
+    for cls in (DeviceDriver, cbtorch.EagerBackend):
+        for name in methods:
+            want = inspect.signature(getattr(Backend, name))
+            assert inspect.signature(getattr(cls, name)).parameters.keys() == want.parameters.keys(), (cls, name)

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from csrun.stream.source import EPOCH_END
-from csrun.torch.dataloader import LoaderSource
+from csrun.torch.sharding import LoaderSource
 from csrun.torch.sharding import DataLoaderError, ShardSampler, plan_shard, shard_loader
 
 pytestmark = pytest.mark.timeout(30)
