@@ -9,7 +9,7 @@ stream owns (:mod:`csrun.stream.buffers`), as the wire would put it into the chi
 buffers: the device runs a step while the loop fetches the next batch, and a loader that refills
 its tensors in place must not reach the step's inputs (nor a closure's arguments, which run after
 that fetch). A refill by torch's in-place operations is refused as a streamer refuses it
-(:func:`~csrun.stream.schema.check_untouched`); the copy covers the writes no version counter
+(:func:`~csrun.stream.refill.check_untouched`); the copy covers the writes no version counter
 sees (through a numpy view). Nothing is prefetched and MPI is never loaded.
 """
 
@@ -22,7 +22,8 @@ import torch
 
 from csrun.stream.buffers import BufferPool
 from csrun.stream.errors import BatchError
-from csrun.stream.schema import REFILL_WATCH, Schema, check_untouched
+from csrun.stream.refill import REFILL_WATCH, check_untouched, sent_in_place
+from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END, BatchSource
 
 
@@ -65,7 +66,7 @@ class LocalStream:
         bufs = pool.take()
         batch = schema.copy_into(tensors, bufs.tensors)
         pool.lend(bufs)
-        self._handed.append(schema.sent_in_place(tensors))
+        self._handed.append(sent_in_place(schema, tensors))
         return batch
 
     def stop(self) -> list:

@@ -14,14 +14,13 @@ are, bit for bit (bfloat16 included).
 Leaf paths are written like ``['input_ids']``, ``[0]`` or ``['labels'][1]`` (the root itself
 is ``<batch>``), the same spelling the compiler's ``TensorSpec.path`` uses.
 
-:func:`pack` / :func:`unpack` reuse the same encoding for small pickle-free messages made of
-JSON values, tensors and numpy arrays (``mesh_reduce`` uses them).
+Small pickle-free messages are :mod:`csrun.stream.message`'s; the check that a pipeline did not
+refill a batch it handed over is :mod:`csrun.stream.refill`'s.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -37,18 +36,21 @@ _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype's name as the wire writes it (``float32``)."""
     return str(dtype).removeprefix("torch.")
 
 
-def _torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a wire name stands for (:class:`BatchError` for anything else)."""
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise BatchError(f"unknown dtype {name!r} in a stream schema")
     return dtype
 
 
-def _show(path: str) -> str:
+def show_path(path: str) -> str:
+    """A leaf path as messages write it (the root is ``<batch>``)."""
     return path or "<batch>"
 
 
@@ -76,14 +78,14 @@ class Leaf:
     @property
     def nbytes(self) -> int:
         """Bytes of this leaf on the wire."""
-        return self.numel * _torch_dtype(self.wire_dtype).itemsize
+        return self.numel * torch_dtype(self.wire_dtype).itemsize
 
 
 def _infer_node(node: Any, path: str, leaves: list[Leaf]) -> Any:
     """The schema tree of ``node`` at ``path``, its tensors' leaves appended to ``leaves``."""
     if isinstance(node, torch.Tensor):
         _check_tensor(node, path)
-        name = _dtype_name(node.dtype)
+        name = dtype_name(node.dtype)
         leaves.append(Leaf(path=path, dtype=name, wire_dtype=WIRE_DTYPES.get(name, name),
                            shape=tuple(node.shape)))
         return {"leaf": len(leaves) - 1}
@@ -91,14 +93,14 @@ def _infer_node(node: Any, path: str, leaves: list[Leaf]) -> Any:
         items = []
         for key, value in node.items():
             if not isinstance(key, str):
-                raise BatchError(f"batch dict key {key!r} at {_show(path)} is a "
+                raise BatchError(f"batch dict key {key!r} at {show_path(path)} is a "
                                  f"{type(key).__name__}; only string keys can be streamed")
             items.append([key, _infer_node(value, f"{path}[{key!r}]", leaves)])
         return {"dict": items}
     if type(node) in (tuple, list):
         kind = "tuple" if isinstance(node, tuple) else "list"
         return {kind: [_infer_node(v, f"{path}[{i}]", leaves) for i, v in enumerate(node)]}
-    raise BatchError(f"batch leaf at {_show(path)} is a {type(node).__name__}; only torch "
+    raise BatchError(f"batch leaf at {show_path(path)} is a {type(node).__name__}; only torch "
                      "tensors (in dicts, tuples and lists) can be streamed")
 
 
@@ -107,12 +109,12 @@ def _flatten_node(node: Any, spec: Any, path: str, leaves: tuple[Leaf, ...], out
     if "leaf" in spec:
         leaf = leaves[spec["leaf"]]
         if not isinstance(node, torch.Tensor):
-            raise BatchError(f"batch leaf at {_show(path)} is a {type(node).__name__}, "
+            raise BatchError(f"batch leaf at {show_path(path)} is a {type(node).__name__}, "
                              "the first batch had a tensor there")
         _check_tensor(node, path)
-        if _dtype_name(node.dtype) != leaf.dtype or tuple(node.shape) != leaf.shape:
+        if dtype_name(node.dtype) != leaf.dtype or tuple(node.shape) != leaf.shape:
             raise BatchError(
-                f"batch tensor at {_show(path)} is {_dtype_name(node.dtype)}{list(node.shape)}, "
+                f"batch tensor at {show_path(path)} is {dtype_name(node.dtype)}{list(node.shape)}, "
                 f"the first batch had {leaf.dtype}{list(leaf.shape)}: shapes and dtypes must be "
                 "static (set drop_last=True and pad to a fixed length)")
         out.append(node)
@@ -120,7 +122,7 @@ def _flatten_node(node: Any, spec: Any, path: str, leaves: tuple[Leaf, ...], out
         keys = [k for k, _ in spec["dict"]]
         if not isinstance(node, dict) or list(node.keys()) != keys:
             got = list(node.keys()) if isinstance(node, dict) else type(node).__name__
-            raise BatchError(f"batch at {_show(path)} is {got}, the first batch had keys {keys}")
+            raise BatchError(f"batch at {show_path(path)} is {got}, the first batch had keys {keys}")
         for key, sub in spec["dict"]:
             _flatten_node(node[key], sub, f"{path}[{key!r}]", leaves, out)
     else:
@@ -128,7 +130,7 @@ def _flatten_node(node: Any, spec: Any, path: str, leaves: tuple[Leaf, ...], out
         items = spec[kind]
         want = tuple if kind == "tuple" else list
         if type(node) is not want or len(node) != len(items):
-            raise BatchError(f"batch at {_show(path)} is a {type(node).__name__} of "
+            raise BatchError(f"batch at {show_path(path)} is a {type(node).__name__} of "
                              f"{len(node) if isinstance(node, (tuple, list)) else '?'} items, "
                              f"the first batch had a {kind} of {len(items)}")
         for i, (value, sub) in enumerate(zip(node, items)):
@@ -189,7 +191,7 @@ class Schema:
         (the lone chief's copies, :meth:`copy_into`). Never inference tensors, even when the first
         batch is taken inside ``torch.inference_mode()`` (an eval pass): they are refilled outside it."""
         with torch.inference_mode(False):
-            return [torch.empty(leaf.shape, dtype=_torch_dtype(leaf.dtype)) for leaf in self.leaves]
+            return [torch.empty(leaf.shape, dtype=torch_dtype(leaf.dtype)) for leaf in self.leaves]
 
     def copy_into(self, tensors: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor]) -> Any:
         """What ``decode(encode(batch))`` gives for the batch whose :meth:`flatten` is ``tensors``,
@@ -205,16 +207,6 @@ class Schema:
             buf.copy_(tensor.detach())
             out.append(buf.view(leaf.shape))  # a view: the pool sees the batch alive through it
         return self.unflatten(out)
-
-    def sent_in_place(self, tensors: Sequence[torch.Tensor]) -> list[tuple[str, torch.Tensor, int]]:
-        """``(path, tensor, version)`` of each leaf (``tensors``: the batch's :meth:`flatten`) that
-        :meth:`encode` sends from the batch's own memory (contiguous, not narrowed), with its
-        in-place version counter now: a sender in flight reads that memory until its send
-        completes. Only tensors that are the whole of their storage: a view's counter (or that of a
-        tensor detached from one) is the whole storage's, which moves with writes anywhere in it;
-        inference-mode tensors have no counter."""
-        return [(leaf.path, t, t._version) for leaf, t in zip(self.leaves, tensors)
-                if leaf.wire_dtype == leaf.dtype and _whole_storage(t) and not t.is_inference()]
 
     def alloc(self) -> list[torch.Tensor]:
         """Fresh receive buffers: one flat ``uint8`` tensor per leaf, sized for the wire.
@@ -232,9 +224,9 @@ class Schema:
         """
         out = []
         for leaf, buf in zip(self.leaves, buffers):
-            t = buf.view(_torch_dtype(leaf.wire_dtype)).reshape(leaf.shape)
+            t = buf.view(torch_dtype(leaf.wire_dtype)).reshape(leaf.shape)
             if leaf.wire_dtype != leaf.dtype:
-                t = t.to(_torch_dtype(leaf.dtype))
+                t = t.to(torch_dtype(leaf.dtype))
             elif copy:
                 t = t.clone()
             out.append(t)
@@ -256,7 +248,7 @@ class Schema:
                                 wire_dtype=str(l["wire_dtype"]),
                                 shape=tuple(int(d) for d in l["shape"])) for l in doc["leaves"])
             for leaf in leaves:
-                _torch_dtype(leaf.dtype), _torch_dtype(leaf.wire_dtype)
+                torch_dtype(leaf.dtype), torch_dtype(leaf.wire_dtype)
             schema = cls(tree=doc["tree"], leaves=leaves)
             _check_tree(schema.tree, len(leaves))
         except (ValueError, KeyError, TypeError) as exc:
@@ -265,7 +257,7 @@ class Schema:
 
     def describe(self) -> str:
         """One line per leaf: path, dtype, shape (for messages)."""
-        return "; ".join(f"{_show(l.path)}: {l.dtype}{list(l.shape)}" for l in self.leaves)
+        return "; ".join(f"{show_path(l.path)}: {l.dtype}{list(l.shape)}" for l in self.leaves)
 
 
 def _build(spec: Any, tensors: Sequence[torch.Tensor]) -> Any:
@@ -301,39 +293,15 @@ def _check_tree(node: Any, n: int) -> None:
 
 def _check_tensor(t: torch.Tensor, path: str) -> None:
     if t.device.type != "cpu":
-        raise BatchError(f"batch tensor at {_show(path)} is on {t.device}; the input pipeline "
+        raise BatchError(f"batch tensor at {show_path(path)} is on {t.device}; the input pipeline "
                          "must produce CPU tensors")
     if t.is_sparse or t.layout != torch.strided:
-        raise BatchError(f"batch tensor at {_show(path)} has layout {t.layout}; only dense tensors stream")
-
-
-REFILL_WATCH = 2
-"""How many of the last batches handed over a refill is checked against (a streamer has up to two
-in flight; a pipeline alternating between two sets of tensors is caught at its third batch)."""
-
-
-def _whole_storage(t: torch.Tensor) -> bool:
-    return t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
-
-
-def check_untouched(handed: Sequence[Sequence[tuple[str, torch.Tensor, int]]]) -> None:
-    """:class:`BatchError` if the input pipeline wrote (with a torch in-place op) into a tensor of a
-    batch it had handed over (``handed``: :meth:`Schema.sent_in_place` of each such batch, taken when
-    it was handed over): a streamer may still be sending it, and a chief's streamed batch could mix
-    two. The lone chief refuses it too (it copies, but a CPU run refuses what a streamed run would)."""
-    for watched in handed:
-        for path, tensor, version in watched:
-            if tensor._version != version:
-                raise BatchError(
-                    f"the input pipeline wrote into the tensor at {_show(path)} of a batch it had already "
-                    "handed over (a collate_fn or dataset that refills the same tensors): csrun streams each "
-                    "batch from its tensors while the next one loads; return new tensors for every batch "
-                    "(torch's default_collate does)")
+        raise BatchError(f"batch tensor at {show_path(path)} has layout {t.layout}; only dense tensors stream")
 
 
 def _narrow(t: torch.Tensor, leaf: Leaf) -> torch.Tensor:
     _check_narrow(t, leaf)
-    return t.to(_torch_dtype(leaf.wire_dtype))
+    return t.to(torch_dtype(leaf.wire_dtype))
 
 
 def _check_narrow(t: torch.Tensor, leaf: Leaf) -> None:
@@ -343,7 +311,7 @@ def _check_narrow(t: torch.Tensor, leaf: Leaf) -> None:
         if lo < _INT32_MIN or hi > _INT32_MAX:
             bad = hi if hi > _INT32_MAX else lo
             raise BatchError(
-                f"int64 tensor at {_show(leaf.path)} holds {bad}, which does not fit int32: integer "
+                f"int64 tensor at {show_path(leaf.path)} holds {bad}, which does not fit int32: integer "
                 f"inputs stream as int32 (range {_INT32_MIN}..{_INT32_MAX}); remap the values or "
                 "use a float dtype")
 
@@ -351,85 +319,3 @@ def _check_narrow(t: torch.Tensor, leaf: Leaf) -> None:
 def _bytes_view(t: torch.Tensor) -> np.ndarray:
     t = t.detach().resolve_conj().resolve_neg().contiguous()  # a lazy conjugate or negation: its values
     return t.reshape(-1).view(torch.uint8).numpy()
-
-
-# -- small pickle-free messages ------------------------------------------------------------
-
-def pack(obj: Any) -> bytes:
-    """Bytes for ``obj``: JSON values, tensors and numpy arrays in dicts (string keys), tuples and lists.
-
-    Layout: 8-byte little-endian length of a JSON header, the header, then raw tensor bytes.
-    """
-    blobs: list[bytes] = []
-    tree = _pack_node(obj, blobs)
-    header = json.dumps(tree, separators=(",", ":")).encode()
-    return struct.pack("<q", len(header)) + header + b"".join(blobs)
-
-
-def _pack_node(node: Any, blobs: list[bytes]) -> Any:
-    """The header tree of ``node``, its tensors' and arrays' bytes appended to ``blobs``."""
-    if isinstance(node, torch.Tensor):
-        t = node.detach().cpu().contiguous()
-        blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-        return {"t": [_dtype_name(t.dtype), list(t.shape)]}
-    if isinstance(node, np.ndarray):
-        a = np.ascontiguousarray(node)
-        blobs.append(a.tobytes())
-        return {"a": [a.dtype.str, list(a.shape)]}
-    if isinstance(node, np.generic):
-        return {"v": node.item()}
-    if isinstance(node, dict):
-        if not all(isinstance(k, str) for k in node):
-            raise BatchError("only dicts with string keys can be packed")
-        return {"d": [[k, _pack_node(v, blobs)] for k, v in node.items()]}
-    if isinstance(node, tuple):
-        return {"u": [_pack_node(v, blobs) for v in node]}
-    if isinstance(node, list):
-        return {"l": [_pack_node(v, blobs) for v in node]}
-    if node is None or isinstance(node, (bool, int, float, str)):
-        return {"v": node}
-    raise BatchError(f"cannot pack a {type(node).__name__}: only numbers, strings, tensors and "
-                     "numpy arrays in dicts, tuples and lists")
-
-
-def unpack(data: bytes) -> Any:
-    """The object :func:`pack` encoded."""
-    view = memoryview(data)
-    (hlen,) = struct.unpack("<q", view[:8])
-    tree = json.loads(bytes(view[8:8 + hlen]).decode())
-    return _Unpacker(view, 8 + hlen).build(tree)
-
-
-class _Unpacker:
-    """Walks :func:`pack`'s header tree, taking each leaf's bytes from ``view`` in order
-    (an object, not a recursive closure, so no reference cycle outlives a call)."""
-
-    def __init__(self, view: memoryview, offset: int) -> None:
-        self.view = view
-        self.offset = offset
-
-    def _take(self, n: int) -> memoryview:
-        part = self.view[self.offset:self.offset + n]
-        self.offset += n
-        return part
-
-    def build(self, node: Any) -> Any:
-        """The object ``node`` describes."""
-        (kind, value), = node.items()
-        if kind == "t":
-            dtype, shape = _torch_dtype(value[0]), tuple(value[1])
-            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            raw = torch.frombuffer(bytearray(self._take(n)), dtype=torch.uint8) if n else \
-                torch.empty(0, dtype=torch.uint8)
-            return raw.view(dtype).reshape(shape)
-        if kind == "a":
-            np_dtype, shape = np.dtype(value[0]), tuple(value[1])
-            n = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
-            return np.frombuffer(bytes(self._take(n)), dtype=np_dtype).reshape(shape).copy()
-        if kind == "d":
-            return {k: self.build(v) for k, v in value}
-        if kind == "u":
-            return tuple(self.build(v) for v in value)
-        if kind == "l":
-            return [self.build(v) for v in value]
-        return value

@@ -19,7 +19,7 @@ next batch loads: an input pipeline must hand over new tensors for each batch, n
 ones it yielded before (torch's ``default_collate`` does). One that refills them with torch's
 in-place operations (``torch.stack(..., out=x)``, ``x.copy_(...)``) ends the job at its next
 batch with a :class:`~csrun.stream.errors.BatchError` naming the leaf
-(:func:`~csrun.stream.schema.check_untouched` over the last two batches sent: each tensor's
+(:func:`~csrun.stream.refill.check_untouched` over the last two batches sent: each tensor's
 version counter against its value when the batch was sent; the lone chief refuses the same
 pipeline) instead of training on batches that may mix two (the chief may have run one step on
 such a batch by then). Not seen: writes through a numpy view (they do not move the counter) and
@@ -46,7 +46,8 @@ from collections import deque
 from typing import Any
 
 from csrun.stream.errors import BatchError
-from csrun.stream.schema import REFILL_WATCH, Schema, check_untouched
+from csrun.stream.refill import REFILL_WATCH, check_untouched, sent_in_place
+from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END, BatchSource
 from csrun.stream.stats import StreamerStats
 from csrun.stream.wire import (TAG_CREDIT, TAG_CTRL, TAG_DATA, TAG_TEXT, Backoff, Kind, abort_after_output,
@@ -119,7 +120,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
     items = source.stream(skip)
     schema: Schema | None = None
     inflight: deque[tuple[list[Any], list[Any]]] = deque()  # (requests, buffers they read)
-    handed: deque[list[Any]] = deque(maxlen=REFILL_WATCH)  # Schema.sent_in_place of the last batches sent
+    handed: deque[list[Any]] = deque(maxlen=REFILL_WATCH)  # sent_in_place of the last batches sent
     epoch = 0
     t_start = time.monotonic()
     backoff, moving = Backoff.streamer(), Backoff.sending()
@@ -146,7 +147,7 @@ def _stream(comm: Any, chief: int, source: BatchSource, skip: int, credit: _Cred
                        else int(source.batches_per_epoch() or 0), hello)
         tensors = schema.flatten(item)
         buffers = schema.encode_leaves(tensors)
-        watched = schema.sent_in_place(tensors)
+        watched = sent_in_place(schema, tensors)
         credit.poll()
         if stats.batches >= credit.upto and not credit.stopped:
             t0, c0 = time.monotonic(), time.process_time()

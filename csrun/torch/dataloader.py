@@ -13,7 +13,7 @@ builds this task's shard (see :mod:`csrun.torch.sharding`). Then:
 Each batch must be new tensors: a streamer sends a batch from its tensors while the next one
 loads, so a pipeline that refills the tensors it handed over (a ``collate_fn`` writing into
 preallocated ones) is refused at its next batch, on streamers and on a lone chief alike
-(:func:`csrun.stream.schema.check_untouched`). torch's ``default_collate`` makes new ones.
+(:func:`csrun.stream.refill.check_untouched`). torch's ``default_collate`` makes new ones.
 
 ``len()`` is the number of batches per epoch over all streamers; :meth:`StreamingDataLoader.skip`
 starts the sequence at a global batch (exact resume). Every ``next()`` is a step boundary, which

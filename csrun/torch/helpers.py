@@ -18,7 +18,7 @@
 ``rendezvous`` and ``mesh_reduce`` are collective over every task of the job and must be
 called before the Session (streamers leave at its end). On a lone chief, and on the chief
 after its streaming Session ended, they involve the chief alone. Values travel through
-:func:`csrun.stream.schema.pack` (JSON, tensors, numpy arrays), never pickle. Neither
+:func:`csrun.stream.message.pack` (JSON, tensors, numpy arrays), never pickle. Neither
 touches MPI in a single-task run.
 """
 
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from csrun.errors import UserError
-from csrun.stream.schema import pack, unpack
+from csrun.stream.message import pack, unpack
 from csrun.stream.wire import mpi
 from csrun.torch.process_state import comm, state
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from csrun.stream.errors import BatchError
-from csrun.stream.schema import Schema, pack, unpack
+from csrun.stream.message import pack, unpack
+from csrun.stream.refill import sent_in_place
+from csrun.stream.schema import Schema
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -158,7 +160,7 @@ def test_the_leaves_a_sender_sends_in_place_are_watched_for_writes():
     batch = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.int64), base.t()[:, :2], base[:2], torch.ones(2),
              made_for_inference)
     schema = Schema.infer(batch)
-    watched = schema.sent_in_place(schema.flatten(batch))
+    watched = sent_in_place(schema, schema.flatten(batch))
     assert [path for path, _, _ in watched] == ["[0]", "[4]"]
     batch[0].add_(1)
     assert [t._version != v for _, t, v in watched] == [True, False]
