@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from csrun.compiler.errors import ConfigError
 from csrun.compiler.optim import optimizer_spec_from_config
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
+from csrun.program.spec import Precision
 from csrun.program.execution import EXECUTION_STRATEGIES, PIPELINE, WEIGHT_STREAMING
 from csrun.program.optimizer_config import OptimizerConfig, read_optimizer_section
 
@@ -22,7 +23,7 @@ RUN_MODES = ("train", "eval", "train_and_eval")
 """run.py ``--mode`` values."""
 
 
-def precision_for(*, mixed_precision: bool, use_cbfloat16: bool = False) -> str:
+def precision_for(*, mixed_precision: bool, use_cbfloat16: bool = False) -> Precision:
     """The compute dtype: ``cbfloat16`` or ``float16`` under mixed precision, else ``float32``."""
     if not mixed_precision:
         return "float32"
@@ -68,7 +69,7 @@ class CompileSettings:
         return self.execution_strategy == WEIGHT_STREAMING
 
     @property
-    def precision(self) -> str:
+    def precision(self) -> Precision:
         """The compute dtype name (see :func:`precision_for`)."""
         return precision_for(mixed_precision=self.mixed_precision, use_cbfloat16=self.use_cbfloat16)
 
@@ -84,7 +85,7 @@ class CompileSettings:
             mode=self.program_mode, inputs=inputs, input_tree=input_tree,
             optimizer=self.optimizer if train else None,
             learning_rate=self.learning_rate if train else 0.0,
-            precision=self.precision, mixed_precision=self.mixed_precision,
+            precision=self.precision,
             loss_scaling=self.loss_scaling, max_gradient_norm=self.max_gradient_norm,
             max_gradient_value=self.max_gradient_value, outputs=outputs)
 

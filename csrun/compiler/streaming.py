@@ -97,7 +97,7 @@ def memoryx_bytes(costs: list[LayerCost], spec: ProgramSpec) -> float:
     total = 0.0
     for c in costs:
         total += c.weight_bytes + optimizer_state_bytes(c, spec) + gradient_bytes(c, spec)
-        if spec.mixed_precision:
+        if spec.precision != "float32":  # mixed precision: 16-bit copies beside the float32 weights
             total += c.params * 2.0
     return total
 

@@ -11,7 +11,7 @@ scaler and the precision from it, and the compile hash covers its JSON form.
   hyperparameters under torch's keyword names
   (:func:`csrun.program.optimizers.spec_hyperparameters` writes them from the params).
 - :class:`LossScalingSpec` — fixed or dynamic; its defaults are :mod:`csrun.program.loss_scaling`.
-- :class:`TensorSpec` — one leaf of the input batch. :data:`PRECISIONS` — the compute dtypes.
+- :class:`TensorSpec` — one leaf of the input batch. :data:`Precision` — the compute dtypes (declared here once).
 
 ``csrun.compiler.spec`` re-exports these names.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from csrun.program.loss_scaling import (
     INITIAL_LOSS_SCALE,
@@ -39,7 +39,10 @@ def reads_a_scalar(target: object) -> bool:
     return str(target) in SCALAR_READS
 
 
-PRECISIONS = ("float16", "bfloat16", "cbfloat16", "float32")
+Precision = Literal["float16", "bfloat16", "cbfloat16", "float32"]
+"""The forward's compute dtype: 16-bit (mixed precision: float32 weights) or float32 (no mixed precision)."""
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+"""Every :data:`Precision`, in order."""
 """Compute dtypes: the three the system had, plus float32 for exactness checks."""
 
 
@@ -97,9 +100,8 @@ class ProgramSpec:
     learning_rate: Any = 0.0
     """The legacy ``learning_rate`` value as in the params YAML: a number, a scheduler mapping,
     or a list of scheduler mappings run one after another."""
-    precision: str = "float16"
-    """One of :data:`PRECISIONS`: the compute dtype of the forward pass; weights stay float32."""
-    mixed_precision: bool = True
+    precision: Precision = "float16"
+    """The compute dtype of the forward pass (``float32``: mixed precision off); weights stay float32."""
     loss_scaling: LossScalingSpec = field(default_factory=LossScalingSpec)
     max_gradient_norm: float | None = None
     max_gradient_value: float | None = None
