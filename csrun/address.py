@@ -16,7 +16,7 @@ and shows a good one. :class:`Address` prints back as ``host:port`` (``[v6]:port
 form every command shows and the run's params record.
 
 The run.py flag ``--cs_ip``, ``csrun.torch.initialize(cs_ip=...)``, ``CS_IP``, the
-``cs_emulator --listen`` option and :class:`~csrun.emulator.client.RemoteDevice` all parse
+``cs_emulator --listen`` option and :class:`~csrun.emulator.remote.client.RemoteDevice` all parse
 with :func:`parse_address`.
 """
 

@@ -80,7 +80,7 @@ def test_run_py_refuses_a_bad_knob_before_its_flags(tmp_path: Path) -> None:
 
 def test_cs_emulator_refuses_a_bad_knob(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "CSRUN_ENGINE_TRACE": "sometimes"}
-    done = subprocess.run([sys.executable, "-m", "csrun.emulator.cli", "--port", "0"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "csrun.cli.cs_emulator", "--port", "0"], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

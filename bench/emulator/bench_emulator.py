@@ -42,10 +42,10 @@ import torch
 from torch import nn
 
 from csrun.compiler.spec import OptimizerSpec, ProgramSpec
-from csrun.emulator import wire
-from csrun.emulator.client import RemoteDevice
+from csrun.emulator.remote import wire
+from csrun.emulator.remote.client import RemoteDevice
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.engine import Engine
+from csrun.emulator.engine.executor import Engine
 
 
 class MLP(nn.Module):
@@ -150,7 +150,7 @@ def bench_embedded(name: str, model: nn.Module, batches: list[Any], opt: str, hp
 def start_server(token: str) -> tuple[subprocess.Popen, str]:
     """A cs_emulator process on a free port; returns it and its address."""
     env = dict(os.environ, CSRUN_EMULATOR_TOKEN=token)
-    proc = subprocess.Popen([sys.executable, "-m", "csrun.emulator.cli", "--listen", "127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "csrun.cli.cs_emulator", "--listen", "127.0.0.1:0",
                              "--log-level", "warning"], env=env, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline() if proc.stdout is not None else ""
     if "listening on " not in line:

@@ -6,10 +6,10 @@ Command (from the repository root)::
 
 The embedded engine runs on a thread of the chief's process, beside the training loop, which
 holds the GIL while its Python runs. Every moment the engine needs the GIL while the loop holds
-it, the step waits. This bench builds two :class:`~csrun.emulator.engine.Engine` s for
+it, the step waits. This bench builds two :class:`~csrun.emulator.engine.executor.Engine` s for
 configs/fc_mnist.yaml's model (10 x 50 ReLU MLP with its accuracy outputs, batch 128, SGD with
 momentum 0.9, float16 by rounding): one with the scripted update (everything after the backward
-in one TorchScript call: :class:`~csrun.emulator.lean_step.ScriptedUpdate`), one with it off
+in one TorchScript call: :class:`~csrun.emulator.engine.lean_step.ScriptedUpdate`), one with it off
 (the general path: the rounding of the gradients, the unscaling and the lean update from
 Python, then ``zero_grad``). Each runs ``--steps`` steps on the caller's thread (outputs handed
 out as the embedded device does), alone, then with a neighbour thread that holds the GIL in
@@ -39,7 +39,7 @@ from model import FcMnist, FcMnistConfig  # noqa: E402  # models/fc_mnist/model.
 
 from csrun.compiler.spec import OptimizerSpec, ProgramSpec  # noqa: E402
 from csrun.emulator.embedded import outputs_to_cpu  # noqa: E402
-from csrun.emulator.engine import Engine  # noqa: E402
+from csrun.emulator.engine.executor import Engine  # noqa: E402
 
 BURST_S, SLEEP_S = 50e-6, 400e-6
 

@@ -5,10 +5,10 @@ Command (from the repository root)::
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/emulator/lean_step.py [--steps 200] [--rounds 15] [--bert-steps 20]
 
-Builds one :class:`~csrun.emulator.engine.Engine` per precision (float16 by rounding, the
+Builds one :class:`~csrun.emulator.engine.executor.Engine` per precision (float16 by rounding, the
 config's; float32) for configs/fc_mnist.yaml's model (10 x 50 ReLU MLP, batch 128, SGD with
 momentum 0.9) and runs ``--steps`` steps on the caller's thread with the lean update
-(:mod:`csrun.emulator.lean_step`: the scripted update, everything after the backward in one
+(:mod:`csrun.emulator.engine.lean_step`: the scripted update, everything after the backward in one
 TorchScript call), then as many with ``optimizer.step()`` (and the general path's gradient
 handling), alternating for ``--rounds`` rounds. Prints ms/step (medians) and the
 median of the per-round ratios lean / ``optimizer.step()``, wall and CPU (thread) time.
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from half_precision import bert_debug, fc_mnist  # noqa: E402  (bench/emulator/half_precision.py)
 
 from csrun.compiler.spec import OptimizerSpec, ProgramSpec  # noqa: E402
-from csrun.emulator.engine import Engine  # noqa: E402
+from csrun.emulator.engine.executor import Engine  # noqa: E402
 
 
 def timed(engine: Engine, batch: object, steps: int) -> tuple[float, float]:

@@ -39,10 +39,10 @@ import torch
 from torch import nn
 
 from csrun.compiler.spec import OptimizerSpec, ProgramSpec
-from csrun.emulator import wire
-from csrun.emulator.client import RemoteDevice
-from csrun.emulator.errors import SystemBusy
-from csrun.emulator.guard import GuardLimits
+from csrun.emulator.remote import wire
+from csrun.emulator.remote.client import RemoteDevice
+from csrun.emulator.remote.errors import SystemBusy
+from csrun.emulator.remote.guard import GuardLimits
 from csrun.errors import UserError
 
 STEPS = 4
@@ -73,7 +73,7 @@ def make_program() -> tuple[Any, ProgramSpec, list[tuple[torch.Tensor, torch.Ten
 def start_server(token: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     """A cs_emulator process on a free loopback port; returns it and its address."""
     env = dict(os.environ, CSRUN_EMULATOR_TOKEN=token)
-    proc = subprocess.Popen([sys.executable, "-m", "csrun.emulator.cli", "--listen", "127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "csrun.cli.cs_emulator", "--listen", "127.0.0.1:0",
                              "--hello-deadline", str(args.hello_deadline), "--max-pending", str(args.max_pending),
                              "--idle-limit", str(args.idle_limit), "--log-level", "error"],
                             env=env, stdout=subprocess.PIPE, text=True)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "bench" / "compile"))
 from half_precision import bert_debug, fc_mnist, loaded_device, ms_per_step  # noqa: E402  (bench/emulator/half_precision.py)
 
 from csrun.compiler.spec import OptimizerSpec  # noqa: E402
-from csrun.emulator import traced_forward  # noqa: E402
+from csrun.emulator.engine import traced_forward
 
 Make = Callable[[], tuple[nn.Module, Any, OptimizerSpec]]
 

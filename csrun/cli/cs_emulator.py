@@ -77,11 +77,11 @@ Environment:
 ``CSRUN_HALF_EMULATION``
     How programs in float16 / bfloat16 compute: ``rounding`` (the default on CPU: float32
     kernels with the values rounded where a 16-bit datapath rounds, see
-    :mod:`csrun.emulator.half_emulation`) or ``autocast`` (16-bit kernels; the default on CUDA).
+    :mod:`csrun.emulator.engine.half_emulation`) or ``autocast`` (16-bit kernels; the default on CUDA).
 ``CSRUN_ENGINE_TRACE``
     ``auto`` (the default: on a CPU, the program's forward runs as a checked TorchScript trace
     of the captured graph, the same numbers bit for bit, see
-    :mod:`csrun.emulator.traced_forward`) or ``off`` (the graph as captured).
+    :mod:`csrun.emulator.engine.traced_forward`) or ``off`` (the graph as captured).
 
 Signals: SIGTERM and SIGINT stop the server cleanly (connections are closed, exit status 0).
 Exit status: 0 after a clean stop, 2 for a bad option or value (an insecure token, token file or
@@ -99,14 +99,14 @@ import threading
 
 import csrun
 from csrun.env_settings import check_environment
-from csrun.emulator import wire
-from csrun.emulator.auth_token import (
+from csrun.emulator.remote import wire
+from csrun.emulator.remote.auth_token import (
     DEFAULT_TOKEN_FILE,
     TOKEN_ENV,
     check_token,
     server_token,
 )
-from csrun.emulator.guard import GuardLimits
+from csrun.emulator.remote.guard import GuardLimits
 from csrun.errors import ConfigError, UsageError, UserError
 from csrun.help_style import Parser
 
@@ -116,7 +116,7 @@ PROG = "cs_emulator"
 def _parser() -> argparse.ArgumentParser:
     d = wire.Limits()
     p = Parser(PROG, "Serve the wafer emulator over TCP: clients reach it with --cs_ip HOST:PORT and its token.",
-               epilog="The manual (token, TLS, limits, environment): python -m pydoc csrun.emulator.cli")
+               epilog="The manual (token, TLS, limits, environment): python -m pydoc csrun.cli.cs_emulator")
     p.add_argument("--listen", default="127.0.0.1:9000", metavar="HOST:PORT", help="where to listen (port 0: any free port)")
     p.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu, cuda or cuda:I")
     p.add_argument("--token-file", default=DEFAULT_TOKEN_FILE, metavar="FILE",
@@ -170,7 +170,7 @@ def _is_loopback(host: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; returns the exit status."""
     from csrun.address import parse_address
-    from csrun.emulator.server import EmulatorServer
+    from csrun.emulator.remote.server import EmulatorServer
 
     try:
         check_environment()
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             check_token(token, source)
         tls = None
         if args.tls_cert:
-            from csrun.emulator.tls import server_context
+            from csrun.emulator.remote.tls import server_context
 
             tls = server_context(args.tls_cert, args.tls_key)
         limits = wire.Limits(max_header_bytes=args.max_header_bytes, max_tensors=args.max_tensors,
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                              max_program_bytes=args.max_program_bytes)
         guard = GuardLimits(max_pending=args.max_pending, hello_deadline=args.hello_deadline,
                             idle_limit=args.idle_limit)
-        from csrun.emulator.engine import parse_device
+        from csrun.emulator.engine.executor import parse_device
 
         parse_device(args.device)
         try:
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
 
     def stop(signum: int, _frame: object) -> None:
-        logging.getLogger("csrun.emulator.server").info("signal %d: stopping", signum)
+        logging.getLogger("csrun.emulator.remote.server").info("signal %d: stopping", signum)
         server.stopping = True
 
     previous = {}

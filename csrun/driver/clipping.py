@@ -11,7 +11,7 @@ call itself: once per process it puts its own ``clip_grad_norm_`` / ``clip_grad_
 ``torch.nn.utils`` (and ``torch.nn.utils.clip_grad``). A call whose parameters are a device
 model's goes to that model's driver (:meth:`~csrun.driver.driver.DeviceDriver.clip_gradients`),
 which notes it as the step's :class:`Clip` and sends it with the step
-(:class:`~csrun.emulator.step_plan.StepPlan`): the device clips that update's unscaled
+(:class:`~csrun.program.step_plan.StepPlan`): the device clips that update's unscaled
 gradients after the backward, with torch's arithmetic
 (:func:`csrun.program.clipping.clip_gradients`), and ``clip_grad_norm_`` returns the total
 norm as a device value (``grad_norm``, readable in a step closure). Steps may clip or not, as
@@ -66,7 +66,7 @@ class Clip:
         return f"{self.kind}(..., {self.limit:g}{extra})"
 
     def plan_fields(self) -> dict[str, Any]:
-        """The :class:`~csrun.emulator.step_plan.StepPlan` fields that make the update clip so."""
+        """The :class:`~csrun.program.step_plan.StepPlan` fields that make the update clip so."""
         if self.kind == NORM:
             return {"max_gradient_norm": self.limit, "gradient_norm_type": self.norm_type}
         return {"max_gradient_value": self.limit}

@@ -75,12 +75,12 @@ from csrun.driver.schedulers import SchedulerWatch
 from csrun.driver.state_view import StateView
 from csrun.driver.steps import StepOrder
 from csrun.driver.verify import StepCheck, StepFacts, draws_random
-from csrun.emulator.auth_token import client_token
-from csrun.emulator.client import RemoteDevice
-from csrun.emulator.connect import connect_timeout
+from csrun.emulator.remote.auth_token import client_token
+from csrun.emulator.remote.client import RemoteDevice
+from csrun.emulator.remote.connect import connect_timeout
 from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.step_plan import FULL_STEP, StepPlan
+from csrun.program.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
 from csrun.stream.source import EPOCH_END
 

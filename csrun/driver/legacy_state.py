@@ -13,7 +13,7 @@
 ``global_step``
     optimizer steps taken.
 
-The device keeps its own layout (:meth:`csrun.emulator.engine.Engine.state_dict`:
+The device keeps its own layout (:meth:`csrun.emulator.engine.executor.Engine.state_dict`:
 ``params``/``buffers``/``param_names``/``optimizer``/``scaler``/``global_step``);
 :func:`from_device` and :func:`to_device` translate, by parameter name. All tensors returned
 are copies: training on does not change a state already taken.

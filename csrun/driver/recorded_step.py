@@ -19,7 +19,7 @@ import torch
 from csrun.compiler.errors import Location
 from csrun.driver.step_templates import constants, describe, describe_call, fill, flatten_output, has_slots, ref_indices
 from csrun.driver.step_values import StepValueError
-from csrun.emulator.update_split import UPDATE_MARKER
+from csrun.emulator.engine.update_split import UPDATE_MARKER
 
 
 @dataclass
@@ -131,7 +131,7 @@ class Recording:
         """``forward(inputs)`` replaying the step's device part on its inputs (a tuple), as
         :meth:`run` does; the first value made after ``optimizer.step()`` is preceded by the
         :data:`UPDATE_MARKER` output (where the engine splits the program:
-        :mod:`csrun.emulator.update_split`)."""
+        :mod:`csrun.emulator.engine.update_split`)."""
         n_inputs = len(self.inputs)
         split = any(e.after_update for e in self.entries)
 

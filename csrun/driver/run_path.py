@@ -23,7 +23,7 @@ otherwise (``csrun_cpu``, plain ``python``)           ``cpu``              none
 
 ``compile_only`` / ``validate_only`` compile (or validate) on the first batch and exit 0 or
 1; no device is opened. ``embedded`` runs :class:`~csrun.emulator.embedded.EmbeddedDevice`
-in the chief's process; ``remote`` connects a :class:`~csrun.emulator.client.RemoteDevice`
+in the chief's process; ``remote`` connects a :class:`~csrun.emulator.remote.client.RemoteDevice`
 to the ``cs_emulator`` at the address (parsed by :func:`csrun.address.parse_address`: a bad
 one is a one-line :class:`~csrun.address.AddressError`). The table applies to the chief;
 streamers never open a device.

@@ -12,7 +12,7 @@ PyTorch needs them::
 
 and raises :class:`StepOrderError` naming that order otherwise. At each step's boundary
 :meth:`StepOrder.end_step` turns what the step did into the device's
-:class:`~csrun.emulator.step_plan.StepPlan`, so the device runs exactly that:
+:class:`~csrun.program.step_plan.StepPlan`, so the device runs exactly that:
 
 * ``model(batch)`` alone: the forward, no gradients, no update, the global step stays;
 * ``model(batch)`` and ``loss.backward()`` without ``optimizer.step()``: **gradient
@@ -32,7 +32,7 @@ from typing import Literal
 
 from csrun.compiler.errors import Location, at
 from csrun.compiler.locate import Site, caller_location, caller_site, location_of
-from csrun.emulator.step_plan import FULL_STEP, StepPlan
+from csrun.program.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
 
 ORDER = ("each training step calls, in this order: model(batch), loss.backward(), optimizer.step(); "

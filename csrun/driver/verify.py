@@ -47,7 +47,7 @@ from csrun.driver.clipping import NORM, VALUE, torch_clipping
 from csrun.driver.options import VERIFY_ENV
 from csrun.driver.recorded_step import Recording
 from csrun.program.clipping import clip_gradients
-from csrun.emulator.step_plan import StepPlan
+from csrun.program.step_plan import StepPlan
 from csrun.errors import UserError
 from csrun.program.schedules import build_schedule
 

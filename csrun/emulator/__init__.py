@@ -1,18 +1,15 @@
-"""The wafer emulator: the device that executes compiled programs.
+"""The wafer emulator: the device that executes compiled programs, in three parts.
 
-- :mod:`~csrun.emulator.engine`: executes one program (forward via the captured graph, backward,
-  optimizer, LR schedule, loss scaling, clipping) with all state resident on a device;
-- :mod:`~csrun.emulator.precision`, :mod:`~csrun.emulator.loss_scaling`: the pieces it runs
-  (with the training semantics of the device contract: the optimizers of
-  :mod:`csrun.program.optimizer_classes`, the LR schedules of :mod:`csrun.program.schedules`,
-  the clipping of :mod:`csrun.program.clipping`);
-- :mod:`~csrun.emulator.device`: the :class:`Device` interface csrun.torch uses, implemented by
-  :class:`EmbeddedDevice` (a worker thread in this process) and :class:`RemoteDevice` (a
-  ``cs_emulator`` server, :mod:`~csrun.emulator.server`, over :mod:`~csrun.emulator.wire`);
-- :mod:`~csrun.emulator.handles`: step handles and device tensors (read only in step closures);
-- :mod:`~csrun.emulator.program`: programs to and from bytes, read as data (:mod:`csrun.program.archive`);
-- :mod:`~csrun.emulator.cli`: the ``cs_emulator`` command.
+- the device API, here: :mod:`~csrun.emulator.device` (the :class:`Device` interface the
+  driver talks to), :mod:`~csrun.emulator.embedded` (:class:`EmbeddedDevice`: an engine on a
+  worker thread in this process), :mod:`~csrun.emulator.handles` (step handles and device
+  tensors, read only in step closures), :mod:`~csrun.emulator.errors`;
+- :mod:`csrun.emulator.engine`: the numerics of a step (:class:`Engine`, with the training
+  semantics of the device contract in :mod:`csrun.program`);
+- :mod:`csrun.emulator.remote`: the link to a ``cs_emulator`` server, both ends
+  (:class:`RemoteDevice` is the :class:`Device` over it; the command is :mod:`csrun.cli.cs_emulator`).
 
+The engine knows nothing of the link; the link runs an :class:`EmbeddedDevice` on the server.
 Imports are lazy so ``import csrun.emulator`` stays cheap.
 """
 
@@ -25,8 +22,8 @@ __all__ = ["Device", "EmbeddedDevice", "RemoteDevice", "Engine", "StepHandle", "
 _WHERE = {
     "Device": "csrun.emulator.device",
     "EmbeddedDevice": "csrun.emulator.embedded",
-    "RemoteDevice": "csrun.emulator.client",
-    "Engine": "csrun.emulator.engine",
+    "RemoteDevice": "csrun.emulator.remote.client",
+    "Engine": "csrun.emulator.engine.executor",
     "StepHandle": "csrun.emulator.handles",
     "DeviceTensor": "csrun.emulator.handles",
 }

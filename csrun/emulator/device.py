@@ -1,7 +1,7 @@
 """The device interface csrun.torch talks to, whichever emulator sits behind it.
 
 :class:`Device` is implemented by :class:`~csrun.emulator.embedded.EmbeddedDevice` (the engine
-on a worker thread in this process) and :class:`~csrun.emulator.client.RemoteDevice` (a
+on a worker thread in this process) and :class:`~csrun.emulator.remote.client.RemoteDevice` (a
 ``cs_emulator`` server over TCP). The contract:
 
 1. :meth:`Device.load` a program and its spec (once per program; a new load replaces the old);
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from csrun.emulator.handles import StepHandle
-from csrun.emulator.step_plan import FULL_STEP, StepPlan
+from csrun.program.step_plan import FULL_STEP, StepPlan
 from csrun.program.spec import ProgramSpec
 
 
@@ -36,7 +36,7 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def submit(self, batch: Any, plan: StepPlan = FULL_STEP) -> StepHandle:
         """Queue one step on ``batch`` (a pytree of CPU tensors shaped as captured); ``plan``: what
-        a training step runs after the forward (:class:`~csrun.emulator.step_plan.StepPlan`)."""
+        a training step runs after the forward (:class:`~csrun.program.step_plan.StepPlan`)."""
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The in-process emulator: an :class:`~csrun.emulator.engine.Engine` on a worker thread.
+"""The in-process emulator: an :class:`~csrun.emulator.engine.executor.Engine` on a worker thread.
 
 Steps run asynchronously in submission order on one worker thread; ``submit`` returns a
 :class:`StepHandle` at once and blocks only when ``queue_depth`` steps are already in flight.
@@ -21,10 +21,10 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from csrun.emulator.device import Device
-from csrun.emulator.engine import Engine, parse_device
+from csrun.emulator.engine.executor import Engine, parse_device
 from csrun.program.errors import DeviceError, StepFailed
 from csrun.emulator.handles import StepHandle
-from csrun.emulator.step_plan import FULL_STEP, StepPlan
+from csrun.program.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
 from csrun.program.spec import ProgramSpec
 

@@ -38,7 +38,7 @@ LISTENING = "cs_emulator: listening on "
 def start_emulator(device: str, env: dict[str, str], timeout: float) -> tuple[subprocess.Popen[str], str]:
     """Start a cs_emulator on 127.0.0.1 with a free port; return it and its ``HOST:PORT``."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "csrun.emulator.cli", "--listen", "127.0.0.1:0", "--device", device],
+        [sys.executable, "-m", "csrun.cli.cs_emulator", "--listen", "127.0.0.1:0", "--device", device],
         env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent(signal.SIGTERM),
     )
     found: list[str] = []

@@ -2,7 +2,7 @@
 
 Who uses it: the compile cache (``model_dir/cs_<hash>/program.pt2``, through
 :mod:`csrun.compiler.cache.program_io`) and the ``cs_emulator`` server (the archive a client
-sends with ``load``, through :mod:`csrun.emulator.program`). Both read with
+sends with ``load``, through :mod:`csrun.emulator.remote.program`). Both read with
 :func:`read_archive`; both write with :func:`write_archive`.
 
 **What the server accepts (the decision).** The server takes the same archive the compile

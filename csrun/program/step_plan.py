@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from csrun.emulator.errors import SpecError
+from csrun.program.errors import SpecError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from csrun.emulator.server import EmulatorServer
+from csrun.emulator.remote.server import EmulatorServer
 
 from .helpers import max_rel, settings, train
 

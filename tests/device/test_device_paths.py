@@ -67,7 +67,7 @@ def test_a_cs_ip_where_nothing_listens_fails_before_the_compile(tmp_path: Path, 
     import socket
     import time
 
-    from csrun.emulator.errors import SystemUnreachable
+    from csrun.emulator.remote.errors import SystemUnreachable
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,7 +83,7 @@ def test_a_cs_ip_where_nothing_listens_fails_before_the_compile(tmp_path: Path, 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-3", "inf"])
 def test_a_bad_connect_timeout_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    from csrun.emulator.connect import connect_timeout
+    from csrun.emulator.remote.connect import connect_timeout
     from csrun.errors import UserError
 
     monkeypatch.setenv("CSRUN_CONNECT_TIMEOUT", value)

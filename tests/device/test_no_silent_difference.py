@@ -31,7 +31,7 @@ from csrun.compiler.python_state import ForwardChangesPythonState  # noqa: E402
 from csrun.driver.clipping import ClippingError  # noqa: E402
 from csrun.driver.steps import GradientAccumulation, StepOrderError  # noqa: E402
 from csrun.driver.verify import DeviceDiffers  # noqa: E402
-from csrun.emulator.errors import DeviceTensorReadError  # noqa: E402
+from csrun.emulator.errors import DeviceTensorReadError
 from csrun.errors import UserError  # noqa: E402
 from csrun.program import optimizer_classes as engine_optimizers  # noqa: E402
 from csrun.pytorch import backends as cstorch_backend  # noqa: E402

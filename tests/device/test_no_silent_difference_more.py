@@ -21,9 +21,9 @@ from csrun.driver.clipping import ClippingError
 from csrun.driver.driver import DeviceUsageError
 from csrun.driver.state_view import ReadAfterUpdate
 from csrun.driver.verify import DeviceDiffers
-from csrun.emulator import engine as engine_mod
-from csrun.emulator.errors import SpecError
-from csrun.emulator.step_plan import StepPlan
+from csrun.emulator.engine import executor as engine_mod
+from csrun.program.errors import SpecError
+from csrun.program.step_plan import StepPlan
 from csrun.program.optimizer_classes import build_optimizer
 from csrun.torch import amp as cbtorch_amp
 from csrun.torch import process_state as state_mod

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
-from csrun.emulator.engine import Engine
+from csrun.emulator.engine.executor import Engine
 
 
 class MLP(nn.Module):
@@ -99,7 +99,7 @@ def input_specs(batch: Any) -> tuple[TensorSpec, ...]:
 
 def raw_hello(sock: Any, token: str, job: str) -> dict[str, Any]:
     """The client's side of the hello on a raw socket (no keep-alives follow); returns the server's answer."""
-    from csrun.emulator import handshake, wire
+    from csrun.emulator.remote import handshake, wire
 
     greeting, _ = wire.recv_frame(sock, wire.Limits())
     if greeting.get("op") != "challenge":

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from csrun.emulator.engine import Engine
+from csrun.emulator.engine.executor import Engine
 from tests.emulator.helpers import MLP, make_engine, mlp_batches
 
 HOLD_S = 20.0

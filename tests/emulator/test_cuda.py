@@ -7,7 +7,7 @@ import torch
 
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.engine import Engine
+from csrun.emulator.engine.executor import Engine
 
 from .helpers import TinyTransformer, lm_batches, make_program, quiet
 
@@ -95,7 +95,7 @@ def test_tensors_the_forward_creates_are_made_on_the_gpu() -> None:
 
 
 def test_the_servers_warm_up_readies_the_gpu() -> None:
-    from csrun.emulator.server_warmup import warm_up
+    from csrun.emulator.remote.server_warmup import warm_up
 
     thread = warm_up("cuda")
     thread.join(timeout=120)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from csrun.compiler.spec import OptimizerSpec, ProgramSpec
-from csrun.emulator.engine import Engine, drop_metadata_asserts, retarget_graph
+from csrun.emulator.engine.executor import Engine, drop_metadata_asserts, retarget_graph
 
 
 class CastsLogits(nn.Module):
@@ -38,7 +38,7 @@ def test_casts_in_forward_run_under_float16_autocast() -> None:
 
 
 def test_the_engine_checks_inputs_itself_instead_of_the_programs_guards() -> None:
-    from csrun.emulator.errors import SpecError
+    from csrun.program.errors import SpecError
 
     from .helpers import input_specs
 

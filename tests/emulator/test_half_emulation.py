@@ -19,8 +19,8 @@ from torch.fx import GraphModule, Interpreter
 from torch.utils import _pytree as pytree
 
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec
-from csrun.emulator import half_emulation
-from csrun.emulator.engine import Engine, drop_metadata_asserts
+from csrun.emulator.engine import half_emulation
+from csrun.emulator.engine.executor import Engine, drop_metadata_asserts
 from csrun.errors import ConfigError
 
 from ..models.helpers import first_batch, load_module, load_params

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-from csrun.emulator.lean_step import lean_step
+from csrun.emulator.engine.lean_step import lean_step
 from csrun.program.optimizer_classes import build_optimizer, preinitialize_state
 
 
@@ -135,7 +135,7 @@ def test_the_scaling_of_float32_gradients_matches_torch_beyond_float32s_range(fa
     """The unscaling factor of a tiny static loss scale can exceed float32's range: the update then
     multiplies by the Python scalar (inf or NaN products, as torch's), not by a float32 tensor that
     torch.full refuses to make."""
-    from csrun.emulator.lean_step import sgd_update
+    from csrun.emulator.engine.lean_step import sgd_update
 
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(5, 3, generator=g) * 1e-3, torch.zeros(4)]

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec
-from csrun.emulator.engine import Engine
-from csrun.emulator.errors import SpecError
+from csrun.emulator.engine.executor import Engine
+from csrun.program.errors import SpecError
 
 from .helpers import make_program, quiet
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from csrun.compiler.spec import OptimizerSpec
-from csrun.emulator.client import RemoteDevice
+from csrun.emulator.remote.client import RemoteDevice
 from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.server import EmulatorServer
+from csrun.emulator.remote.server import EmulatorServer
 
 from .helpers import MLP, TinyTransformer, eager_losses, lm_batches, make_program, mlp_batches
 

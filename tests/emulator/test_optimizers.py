@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from csrun.compiler.spec import OptimizerSpec
-from csrun.emulator.engine import Engine
-from csrun.emulator.errors import SpecError
+from csrun.emulator.engine.executor import Engine
+from csrun.program.errors import SpecError
 from csrun.program.optimizer_classes import OPTIMIZERS, build_optimizer
 
 from .helpers import MLP, adamw_no_bias_correction_per_tensor, make_program, make_spec, mlp_batches, quiet

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from csrun.compiler.spec import OptimizerSpec
-from csrun.emulator.engine import Engine
-from csrun.emulator.precision import CB16_MAX, round_to_cbfloat16
+from csrun.emulator.engine.executor import Engine
+from csrun.emulator.engine.precision import CB16_MAX, round_to_cbfloat16
 
 from .helpers import MLP, TinyTransformer, lm_batches, make_program, mlp_batches, quiet
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from csrun.emulator.errors import SpecError
+from csrun.program.errors import SpecError
 from csrun.program.schedules import build_schedule
 
 CASES = [

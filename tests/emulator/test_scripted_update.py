@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from csrun.emulator.engine import Engine
-from csrun.emulator.lean_step import ScriptedUpdate, scripted_update
+from csrun.emulator.engine.executor import Engine
+from csrun.emulator.engine.lean_step import ScriptedUpdate, scripted_update
 from tests.emulator.helpers import MLP, make_engine, mlp_batches
 
 

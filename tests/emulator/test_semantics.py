@@ -11,8 +11,9 @@ from torch import nn
 
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.engine import Engine, parse_device
-from csrun.emulator.errors import DeviceTensorReadError, SpecError
+from csrun.emulator.engine.executor import Engine, parse_device
+from csrun.emulator.errors import DeviceTensorReadError
+from csrun.program.errors import SpecError
 from csrun.program.errors import StepFailed
 
 from .helpers import MLP, input_specs, make_program, make_spec, mlp_batches, quiet

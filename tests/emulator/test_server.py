@@ -21,11 +21,12 @@ from typing import Iterator
 import pytest
 import torch
 
-from csrun.emulator import wire
-from csrun.emulator.client import RemoteDevice
-from csrun.emulator.errors import AuthenticationFailed, ProgramRejected, SpecError, SystemBusy, SystemUnreachable
-from csrun.emulator.program import load_program, save_program
-from csrun.emulator.server import EmulatorServer
+from csrun.emulator.remote import wire
+from csrun.emulator.remote.client import RemoteDevice
+from csrun.emulator.remote.errors import AuthenticationFailed, ProgramRejected, SystemBusy, SystemUnreachable
+from csrun.program.errors import SpecError
+from csrun.emulator.remote.program import load_program, save_program
+from csrun.emulator.remote.server import EmulatorServer
 from csrun.program.archive import import_reader
 
 from .helpers import MLP, make_program, mlp_batches, raw_hello
@@ -36,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture()
 def server(caplog: pytest.LogCaptureFixture) -> Iterator[EmulatorServer]:
-    caplog.set_level(logging.INFO, logger="csrun.emulator.server")
+    caplog.set_level(logging.INFO, logger="csrun.emulator.remote.server")
     # The server's warm-up imports the program reader on a thread of this process, where a test
     # may be importing torch.export's circular modules itself (torch.export.export): imported
     # here first, the warm-up finds it done. (A cs_emulator process imports nothing beside it.)
@@ -254,7 +255,7 @@ def test_state_round_trips_over_the_link(server: EmulatorServer, program: tuple)
 
 CLIENT = textwrap.dedent("""
     import sys, torch
-    from csrun.emulator.client import RemoteDevice
+    from csrun.emulator.remote.client import RemoteDevice
     from tests.emulator.helpers import MLP, make_program, mlp_batches
     batches = mlp_batches(1, bs=2048)
     ep, spec = make_program(MLP(d_in=12, hidden=512), batches[0])
@@ -295,7 +296,7 @@ def test_cli_writes_a_token_serves_and_stops_on_sigterm(tmp_path: Path, program:
     token_file = tmp_path / "sub" / "token"
     env = dict(os.environ)
     env.pop("CSRUN_EMULATOR_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "csrun.emulator.cli", "--listen", "127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "csrun.cli.cs_emulator", "--listen", "127.0.0.1:0",
                              "--token-file", str(token_file), "--log-level", "warning"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -341,8 +342,8 @@ def test_the_warm_up_imports_the_program_reader_and_a_load_can_race_it(tmp_path:
     archive = tmp_path / "program.bin"
     archive.write_bytes(save_program(program[0]))
     code = ("import sys, torch\n"
-            "from csrun.emulator.server_warmup import warm_up\n"
-            "from csrun.emulator.program import load_program\n"
+            "from csrun.emulator.remote.server_warmup import warm_up\n"
+            "from csrun.emulator.remote.program import load_program\n"
             "assert 'torch._export.serde.serialize' not in sys.modules\n"
             "thread = warm_up('cpu')\n"
             f"load_program(open({str(archive)!r}, 'rb').read())  # while the warm-up imports\n"

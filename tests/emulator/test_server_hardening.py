@@ -25,19 +25,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from csrun.emulator import handshake, wire
-from csrun.emulator.cli import main as cli_main
-from csrun.emulator.client import RemoteDevice
-from csrun.emulator.errors import (
-    AuthenticationFailed,
-    SystemBusy,
-    SystemUnreachable,
-    TooManyConnections,
-    VersionMismatch,
-)
-from csrun.emulator.guard import GuardLimits
-from csrun.emulator.server import EmulatorServer
-from csrun.emulator.tls import ClientTLS, client_context, server_context
+from csrun.emulator.remote import handshake, wire
+from csrun.cli.cs_emulator import main as cli_main
+from csrun.emulator.remote.client import RemoteDevice
+from csrun.emulator.remote.errors import AuthenticationFailed, SystemBusy, SystemUnreachable, TooManyConnections, VersionMismatch
+from csrun.emulator.remote.guard import GuardLimits
+from csrun.emulator.remote.server import EmulatorServer
+from csrun.emulator.remote.tls import ClientTLS, client_context, server_context
 
 from .helpers import MLP, make_program, mlp_batches, raw_hello
 
@@ -155,7 +149,7 @@ def test_hello_deadline_cuts_a_connection_that_never_answers() -> None:
 
 STALLED = textwrap.dedent("""
     import sys
-    from csrun.emulator.client import RemoteDevice
+    from csrun.emulator.remote.client import RemoteDevice
     from tests.emulator.helpers import MLP, make_program, mlp_batches
     batches = mlp_batches(2)
     ep, spec = make_program(MLP(), batches[0])
@@ -276,7 +270,7 @@ def test_the_token_never_travels(program: tuple) -> None:
 
 
 def test_wrong_token_is_refused_and_the_server_goes_on(program: tuple, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="csrun.emulator.server")
+    caplog.set_level(logging.WARNING, logger="csrun.emulator.remote.server")
     with serve() as srv:
         with pytest.raises(AuthenticationFailed) as err:
             RemoteDevice(addr(srv), "not-the-token-but-long-enough", "intruder", connect_timeout=5)
@@ -423,7 +417,7 @@ def test_cli_refuses_readable_secret_files(tmp_path: Path, capsys: pytest.Captur
 
 def test_cli_warns_about_plaintext_on_a_public_address(tmp_path: Path) -> None:
     env = dict(os.environ, CSRUN_EMULATOR_TOKEN="weak")
-    proc = subprocess.Popen([sys.executable, "-m", "csrun.emulator.cli", "--listen", "0.0.0.0:0",
+    proc = subprocess.Popen([sys.executable, "-m", "csrun.cli.cs_emulator", "--listen", "0.0.0.0:0",
                              "--allow-weak-token", "--log-level", "warning"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

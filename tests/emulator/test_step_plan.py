@@ -1,4 +1,4 @@
-"""Each step's plan (csrun.emulator.step_plan): what the engine runs after the forward, here
+"""Each step's plan (csrun.program.step_plan): what the engine runs after the forward, here
 and over the wire, and a plan from the network is checked like any other message."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from csrun.compiler.spec import OptimizerSpec
-from csrun.emulator.client import RemoteDevice
-from csrun.emulator.engine import Engine
-from csrun.emulator.errors import SpecError
-from csrun.emulator.server import EmulatorServer
-from csrun.emulator.step_plan import FULL_STEP, StepPlan
+from csrun.emulator.remote.client import RemoteDevice
+from csrun.emulator.engine.executor import Engine
+from csrun.program.errors import SpecError
+from csrun.emulator.remote.server import EmulatorServer
+from csrun.program.step_plan import FULL_STEP, StepPlan
 
 from .helpers import MLP, make_program, mlp_batches, quiet
 

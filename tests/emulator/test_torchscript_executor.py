@@ -8,9 +8,9 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from csrun.emulator import lean_step
-from csrun.emulator.torchscript import unoptimized
-from csrun.emulator.traced_forward import TracedForward
+from csrun.emulator.engine import lean_step
+from csrun.emulator.engine.torchscript import unoptimized
+from csrun.emulator.engine.traced_forward import TracedForward
 from tests.emulator.helpers import MLP, make_engine, mlp_batches
 
 

@@ -1,4 +1,4 @@
-"""The engine's traced forward (csrun/emulator/traced_forward.py) is the captured graph, bit for bit.
+"""The engine's traced forward (csrun/emulator/engine/traced_forward.py) is the captured graph, bit for bit.
 
 Each model trains the same batches twice from the same seed, once with the trace
 (``CSRUN_ENGINE_TRACE=auto``, the CPU default) and once running the FX graph (``off``): every
@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import nn
 
-from csrun.emulator import traced_forward
-from csrun.emulator.engine import Engine
-from csrun.emulator.traced_forward import TracedForward
+from csrun.emulator.engine import traced_forward
+from csrun.emulator.engine.executor import Engine
+from csrun.emulator.engine.traced_forward import TracedForward
 from csrun.errors import ConfigError
 
 from ..models.helpers import first_batch, load_module, load_params
@@ -125,7 +125,7 @@ def test_transformer_with_dict_batches_tuple_outputs_float16_by_rounding(monkeyp
     monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
     batches = lm_batches(5)
     engine = _assert_same_run(TinyTransformer(), batches,
-                              _spec("adamw", batches[0], precision="float16", mixed_precision=True), monkeypatch)
+                              _spec("adamw", batches[0], precision="float16"), monkeypatch)
     assert engine.half_weights is not None
 
 
@@ -157,7 +157,7 @@ def test_a_loaded_state_is_what_the_trace_reads(monkeypatch: pytest.MonkeyPatch)
     """load_state_dict after the trace was built (float16 emulation re-creates its weight leaves)."""
     monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
     batches = lm_batches(4)
-    spec = _spec("adamw", batches[0], precision="float16", mixed_precision=True)
+    spec = _spec("adamw", batches[0], precision="float16")
     source, _ = _train(TinyTransformer(), batches, spec, "off", monkeypatch)
     state = source.state_dict()
     results = []

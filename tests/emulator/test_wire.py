@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from csrun.emulator import wire
-from csrun.emulator.errors import ProtocolError
+from csrun.emulator.remote import wire
+from csrun.emulator.remote.errors import ProtocolError
 
 
 def test_values_round_trip_through_a_socket() -> None:

@@ -26,9 +26,9 @@ from torch import nn
 from csrun.compiler import CompileSettings, compile_only, load_program, module_with_weights
 from csrun.compiler.errors import UnsafeProgram
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.errors import SpecError
-from csrun.emulator.program import save_program
-from csrun.emulator.server import EmulatorServer
+from csrun.program.errors import SpecError
+from csrun.emulator.remote.program import save_program
+from csrun.emulator.remote.server import EmulatorServer
 from csrun.program.archive import FROM_CLIENT, ArchiveRefused, read_archive
 from tests.compiler.tiny_models import MLP as CacheMLP
 from tests.emulator.helpers import MLP, TinyTransformer, eager_losses, lm_batches, make_spec, mlp_batches

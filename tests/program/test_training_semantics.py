@@ -30,8 +30,8 @@ from csrun.compiler.optim import optimizer_spec_from_params
 from csrun.compiler.settings import settings_from_params
 from csrun.errors import ConfigError
 from csrun.compiler.spec import LossScalingSpec, ProgramSpec
-from csrun.emulator.engine import Engine
-from csrun.emulator.loss_scaling import LossScaler
+from csrun.emulator.engine.executor import Engine
+from csrun.emulator.engine.loss_scaling import LossScaler
 from csrun.program.optimizer_classes import AdamWNoBiasCorrection
 from csrun.program import loss_scaling as scaling_table
 from csrun.program import optimizer_config

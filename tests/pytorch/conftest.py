@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from csrun.emulator.server import EmulatorServer
+from csrun.emulator.remote.server import EmulatorServer
 from csrun.pytorch import backends as cstorch_backend
 from csrun.torch import backend as backend_mod
 from csrun.torch import process_state as state_mod

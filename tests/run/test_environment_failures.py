@@ -75,7 +75,7 @@ def test_the_server_dying_mid_training(fc_mnist: Run, tmp_path: Path, monkeypatc
 
     token = secrets.token_urlsafe(32)
     env = {**os.environ, "CSRUN_EMULATOR_TOKEN": token}
-    server = subprocess.Popen([sys.executable, "-m", "csrun.emulator.cli", "--listen", "127.0.0.1:0", "--log-level", "warning"],
+    server = subprocess.Popen([sys.executable, "-m", "csrun.cli.cs_emulator", "--listen", "127.0.0.1:0", "--log-level", "warning"],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None

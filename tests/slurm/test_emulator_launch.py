@@ -15,7 +15,7 @@ SCRIPT = REPO / "tests" / "scripts" / "emulator_reach.py"
 
 
 def servers_running() -> int:
-    done = subprocess.run(["pgrep", "-f", "csrun.emulator.cli --listen 127.0.0.1:0"], capture_output=True, text=True)
+    done = subprocess.run(["pgrep", "-f", "csrun.cli.cs_emulator --listen 127.0.0.1:0"], capture_output=True, text=True)
     return len(done.stdout.split())
 
 

@@ -5,7 +5,7 @@ its :class:`~csrun.program.spec.ProgramSpec`. A training step runs the captured 
 user's Python: side effects in the step happened once, at capture), backward through autograd,
 unscale/overflow check, clipping, the optimizer update with the learning rate the schedule gives
 for the global step (torch's update arithmetic, without ``torch.optim``'s per-step wrappers where
-:mod:`~csrun.emulator.lean_step` applies: for one-group SGD with a static loss scale and no
+:mod:`~csrun.emulator.engine.lean_step` applies: for one-group SGD with a static loss scale and no
 clipping, everything after the backward is one TorchScript call that runs without the GIL), and
 the loss-scale update. All state lives on the engine's device.
 
@@ -24,24 +24,12 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from csrun.emulator import (
-    half_emulation,
-    loss_scaling,
-    precision,
-    traced_forward,
-    update_split,
-)
-from csrun.emulator.errors import SpecError
-from csrun.emulator.lean_step import ScriptedUpdate, lean_step, scripted_update
-from csrun.emulator.step_plan import FULL_STEP, StepPlan
+from csrun.emulator.engine import half_emulation, loss_scaling, precision, traced_forward, update_split
+from csrun.program.errors import SpecError
+from csrun.emulator.engine.lean_step import ScriptedUpdate, lean_step, scripted_update
+from csrun.program.step_plan import FULL_STEP, StepPlan
 from csrun.program import clipping, schedules
 from csrun.program import optimizer_classes as optimizers
-from csrun.program.loss_scaling import (
-    INITIAL_LOSS_SCALE,
-    MAX_LOSS_SCALE,
-    MIN_LOSS_SCALE,
-    STEPS_PER_INCREASE,
-)
 from csrun.program.spec import ProgramSpec
 
 log = logging.getLogger("csrun.emulator")
@@ -230,18 +218,15 @@ class Engine:
         self.notice = notice or (lambda msg: log.warning("%s", msg))
         self.device = parse_device(device)
         self.spec = spec
-        mode = getattr(spec, "mode", "train")
-        if mode not in ("train", "eval"):
-            raise SpecError(f"mode: {mode!r} is not a program mode; valid: train, eval")
-        self.training = mode == "train"
-        self.precision = precision.resolve_precision(
-            getattr(spec, "precision", "float16"), bool(getattr(spec, "mixed_precision", True)), self.notice
-        )
+        if spec.mode not in ("train", "eval"):
+            raise SpecError(f"mode: {spec.mode!r} is not a program mode; valid: train, eval")
+        self.training = spec.mode == "train"
+        self.precision = precision.resolve_precision(spec.precision, self.notice)
         module = program.module()
         drop_metadata_asserts(module)
         if self.device.type != "cpu":  # the capture's devices and strides are the CPU's
             retarget_graph(module, self.device)
-        self._inputs = tuple(getattr(spec, "inputs", ()) or ())
+        self._inputs = tuple(spec.inputs)
         self._tree: Any = None  # the last batch structure checked against the inputs' paths
         if self._inputs:  # each batch is checked against them in _to_device
             drop_input_guards(module)
@@ -294,23 +279,21 @@ class Engine:
         self.group_schedules: list[schedules.Schedule] | None = None
         """One schedule per param group, when the groups' learning rates differ."""
         self.scaler: loss_scaling.LossScaler | None = None
-        self.max_norm = getattr(spec, "max_gradient_norm", None)
-        self.max_value = getattr(spec, "max_gradient_value", None)
+        self.max_norm = spec.max_gradient_norm
+        self.max_value = spec.max_gradient_value
         if self.training:
-            opt_spec = getattr(spec, "optimizer", None)
+            opt_spec = spec.optimizer
             if opt_spec is None:
                 raise SpecError("a train program needs an optimizer in its spec")
-            self.schedule = schedules.build_schedule(getattr(spec, "learning_rate", 0.0))
+            self.schedule = schedules.build_schedule(spec.learning_rate)
             clipping.check_clipping(self.max_norm, self.max_value)
-            ls = getattr(spec, "loss_scaling", None)
+            ls = spec.loss_scaling
             self.scaler = loss_scaling.LossScaler(
-                factor=getattr(ls, "factor", 1.0),
-                initial_loss_scale=getattr(ls, "initial_loss_scale", INITIAL_LOSS_SCALE),
-                steps_per_increase=getattr(ls, "steps_per_increase", STEPS_PER_INCREASE),
-                min_loss_scale=getattr(ls, "min_loss_scale", MIN_LOSS_SCALE),
-                max_loss_scale=getattr(ls, "max_loss_scale", MAX_LOSS_SCALE),
+                factor=ls.factor, initial_loss_scale=ls.initial_loss_scale,
+                steps_per_increase=ls.steps_per_increase, min_loss_scale=ls.min_loss_scale,
+                max_loss_scale=ls.max_loss_scale,
             )
-            groups = tuple(getattr(opt_spec, "param_groups", ()) or ())
+            groups = tuple(opt_spec.param_groups)
             self.group_schedules = [schedules.build_schedule(g.get("learning_rate", spec.learning_rate))
                                     for g in groups] if any("learning_rate" in g for g in groups) else None
             self.optimizer = optimizers.build_optimizer(
@@ -331,7 +314,7 @@ class Engine:
 
     def _emulate_half(self, module: torch.fx.GraphModule) -> half_emulation.HalfWeights | None:
         """For float16 / bfloat16 in ``rounding`` mode, rewrite ``module`` to compute on float32
-        kernels (:mod:`csrun.emulator.half_emulation`) and return its weights' 16-bit copies; None
+        kernels (:mod:`csrun.emulator.engine.half_emulation`) and return its weights' 16-bit copies; None
         when it runs under autocast. A graph the dtype probe cannot run keeps autocast, with a notice."""
         dtype = precision.autocast_dtype(self.precision)
         if dtype is None or half_emulation.half_emulation_mode(self.device) != "rounding":
@@ -346,7 +329,7 @@ class Engine:
 
     def _forward_for(self, inputs: Any) -> Callable[[Any], Any]:
         """The forward to run: a checked trace of the graph on a CPU without autocast
-        (:mod:`csrun.emulator.traced_forward`), else the graph; chosen at the first step."""
+        (:mod:`csrun.emulator.engine.traced_forward`), else the graph; chosen at the first step."""
         if self._forward is None:
             traced = traced_forward.TracedForward.build(self.module, inputs) if self._trace else None
             self._forward = traced if traced is not None else self.module
@@ -404,7 +387,7 @@ class Engine:
         without ``backward`` runs the forward alone; one without ``update`` keeps its gradients
         for a later update (accumulation) and leaves the global step where it is; its clipping
         is this update's. A program the step ran the model in again after the update
-        (:mod:`~csrun.emulator.update_split`) computes those outputs after the update.
+        (:mod:`~csrun.emulator.engine.update_split`) computes those outputs after the update.
 
         Every output is known once the forward has run, so a training step hands them to
         ``publish`` then (extra outputs copied), before the backward pass and the update: whoever

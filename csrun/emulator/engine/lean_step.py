@@ -20,7 +20,7 @@ condition below does not hold) the engine runs ``optimizer.step()``.
 :class:`ScriptedUpdate` goes further for the common case of that SGD (one group holding the
 engine's trainable weights, a static loss scale, no clipping): everything between the backward
 and the next step — float16/bfloat16 emulation's rounding of the gradients
-(:class:`~csrun.emulator.half_emulation.HalfWeights`), the unscaling, the update — is that one
+(:class:`~csrun.emulator.engine.half_emulation.HalfWeights`), the unscaling, the update — is that one
 TorchScript call, and the gradients are cleared without ``zero_grad``'s loop. Why it matters
 more than its own microseconds: the embedded engine shares the chief's GIL with the training loop,
 and every moment the engine needs the GIL while the loop holds it (or the other way round) the
@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-from csrun.emulator.half_emulation import HalfWeights
-from csrun.emulator.torchscript import unoptimized
+from csrun.emulator.engine.half_emulation import HalfWeights
+from csrun.emulator.engine.torchscript import unoptimized
 
 
 def _scale_(tensors: list[torch.Tensor], factor: float, float32: bool) -> None:
@@ -139,7 +139,7 @@ def _all_float32(params: Sequence[torch.Tensor]) -> bool:
 
 def _run(group: dict[str, Any], grads: list[torch.Tensor], params: list[torch.Tensor], buffers: list[torch.Tensor],
          low: list[torch.Tensor], wide: list[torch.Tensor], inv_scale: float, float32: bool) -> None:
-    with torch.no_grad(), unoptimized():  # csrun.emulator.torchscript: no optimization pass at its second call
+    with torch.no_grad(), unoptimized():  # csrun.emulator.engine.torchscript: no optimization pass at its second call
         sgd_update()(grads, params, buffers, low, wide, inv_scale, float(group["weight_decay"]),
                      float(group["momentum"]), float(group["lr"]), float(group["dampening"]), bool(group["nesterov"]),
                      float32)

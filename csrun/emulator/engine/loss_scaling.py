@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from csrun.emulator.errors import SpecError
+from csrun.program.errors import SpecError
 from csrun.program.loss_scaling import (
     INITIAL_LOSS_SCALE,
     MAX_LOSS_SCALE,

@@ -6,7 +6,7 @@ is lowered. Backward runs through autograd on whatever the forward recorded.
 - ``float16`` / ``bfloat16``: the ops ``torch.autocast`` would run low (matmuls and
   convolutions, and what follows them in 16 bits; reductions and losses stay float32), like the
   system's automatic casts. On CPU by default they run on float32 kernels with their operands
-  and outputs rounded to the 16-bit format (:mod:`csrun.emulator.half_emulation`, 2.5-7x faster
+  and outputs rounded to the 16-bit format (:mod:`csrun.emulator.engine.half_emulation`, 2.5-7x faster
   than CPU autocast, the same numbers up to summation order); ``CSRUN_HALF_EMULATION=autocast``
   (the default on CUDA) runs the forward under ``torch.autocast`` instead.
 - ``cbfloat16``: Cerebras' 16-bit format, 1 sign, 6 exponent, 9 mantissa bits (exponent bias 31;
@@ -27,7 +27,8 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from csrun.emulator.errors import SpecError
+from csrun.program.errors import SpecError
+from csrun.program.spec import PRECISIONS, Precision
 
 CB16_EXPONENT_BITS = 6
 CB16_MANTISSA_BITS = 9
@@ -123,17 +124,10 @@ def apply_cbfloat16(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-def resolve_precision(precision: str, mixed_precision: bool, notice: Callable[[str], None]) -> str:
+def resolve_precision(precision: str, notice: Callable[[str], None]) -> Precision:
     """The precision the forward runs in; emits a notice for float32 (not a system mode)."""
-    valid = ("float16", "bfloat16", "cbfloat16", "float32")
-    if precision not in valid:
-        raise SpecError(f"precision: unknown value {precision!r}; valid choices: {', '.join(valid)}")
-    if not mixed_precision and precision != "float32":
-        notice(
-            f"mixed_precision is off: the forward runs in float32 instead of {precision} "
-            f"(the system ran mixed precision only)"
-        )
-        return "float32"
+    if precision not in PRECISIONS:
+        raise SpecError(f"precision: unknown value {precision!r}; valid choices: {', '.join(PRECISIONS)}")
     if precision == "float32":
         notice("precision float32: the forward runs in full float32, an exactness-check mode the system did not have")
     return precision

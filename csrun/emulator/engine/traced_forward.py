@@ -10,7 +10,7 @@ one call: the engine thread needs the GIL only to start the forward, for the bac
 wrapper and the optimizer.
 
 The trace is of the same aten ops in the same order, run by TorchScript's interpreter with its
-optimizations off (:mod:`csrun.emulator.torchscript`: no fusion, no symbolic autodiff; autograd
+optimizations off (:mod:`csrun.emulator.engine.torchscript`: no fusion, no symbolic autodiff; autograd
 records the same ops as eager), so the numbers are the graph's bit for bit.
 :meth:`TracedForward.build` checks that on the first batch before it is used: the graph (the
 run that the trace records) and the trace run on copies of the state from the same random state,
@@ -39,7 +39,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from csrun.env_settings import env_name, env_settings
-from csrun.emulator.torchscript import unoptimized
+from csrun.emulator.engine.torchscript import unoptimized
 from csrun.program.spec import reads_a_scalar
 
 log = logging.getLogger("csrun.emulator")

@@ -4,7 +4,7 @@ Both sides read ``CSRUN_EMULATOR_TOKEN`` first, then a token file (default
 ``~/.csrun/emulator.token``). Only the server creates the file, when neither exists: a fresh
 :func:`secrets.token_urlsafe` value (43 characters, 256 bits) written with mode 0600.
 
-The token never travels (:mod:`csrun.emulator.handshake` proves knowledge of it with HMAC), but
+The token never travels (:mod:`csrun.emulator.remote.handshake` proves knowledge of it with HMAC), but
 anyone who records a hello can test guesses offline, so the server refuses a token shorter than
 :data:`MIN_TOKEN_CHARS` characters or one whose characters repeat so much that it carries less
 than :data:`MIN_TOKEN_BITS` bits by a character-frequency estimate (:func:`token_problem`). A
@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from csrun.env_settings import env_name, env_settings
-from csrun.emulator.errors import InsecureSetup
+from csrun.emulator.remote.errors import InsecureSetup
 from csrun.errors import UserError
 
 TOKEN_ENV = env_name("emulator_token")

@@ -4,9 +4,9 @@ It has the same interface as :class:`~csrun.emulator.embedded.EmbeddedDevice`. S
 pipelined: ``submit`` sends the batch at once and returns a handle; a reader thread resolves
 handles as results arrive. Up to ``queue_depth`` steps are in flight.
 
-The link is opened by :mod:`csrun.emulator.connect` (TLS when ``CSRUN_EMULATOR_CA`` is set, see
-:mod:`csrun.emulator.tls`; the token is proven, never sent). While it is open, a keep-alive thread
-(:mod:`csrun.emulator.keepalive`) pings when the job is quiet, so only a process stopped as a
+The link is opened by :mod:`csrun.emulator.remote.connect` (TLS when ``CSRUN_EMULATOR_CA`` is set, see
+:mod:`csrun.emulator.remote.tls`; the token is proven, never sent). While it is open, a keep-alive thread
+(:mod:`csrun.emulator.remote.keepalive`) pings when the job is quiet, so only a process stopped as a
 whole outlives the server's idle limit; such a job, when it wakes, gets one line saying that the
 system was taken back (:class:`~csrun.emulator.errors.SystemReclaimed`).
 """
@@ -21,16 +21,17 @@ from typing import Any
 import torch
 
 from csrun.address import Address, parse_address
-from csrun.emulator import wire
-from csrun.emulator.connect import open_link
+from csrun.emulator.remote import wire
+from csrun.emulator.remote.connect import open_link
 from csrun.emulator.device import Device
-from csrun.emulator.errors import ProtocolError, SpecError
+from csrun.emulator.remote.errors import ProtocolError
+from csrun.program.errors import SpecError
 from csrun.program.errors import DeviceError, LinkLost, StepFailed, SystemReclaimed
 from csrun.emulator.handles import StepHandle
-from csrun.emulator.step_plan import FULL_STEP, StepPlan
-from csrun.emulator.keepalive import PING, KeepAlive
-from csrun.emulator.program import save_program
-from csrun.emulator.tls import ClientTLS, client_tls_from_env
+from csrun.program.step_plan import FULL_STEP, StepPlan
+from csrun.emulator.remote.keepalive import PING, KeepAlive
+from csrun.emulator.remote.program import save_program
+from csrun.emulator.remote.tls import ClientTLS, client_tls_from_env
 from csrun.errors import UserError
 from csrun.program.spec import ProgramSpec
 

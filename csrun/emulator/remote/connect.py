@@ -21,16 +21,9 @@ from typing import Any
 
 from csrun.env_settings import env_name, env_settings
 from csrun.address import Address
-from csrun.emulator import handshake, wire
-from csrun.emulator.errors import (
-    AuthenticationFailed,
-    ProtocolError,
-    SystemBusy,
-    SystemUnreachable,
-    TooManyConnections,
-    VersionMismatch,
-)
-from csrun.emulator.tls import CA_ENV, ClientTLS, describe
+from csrun.emulator.remote import handshake, wire
+from csrun.emulator.remote.errors import AuthenticationFailed, ProtocolError, SystemBusy, SystemUnreachable, TooManyConnections, VersionMismatch
+from csrun.emulator.remote.tls import CA_ENV, ClientTLS, describe
 from csrun.errors import UserError
 
 CONNECT_TIMEOUT_ENV = env_name("connect_timeout")

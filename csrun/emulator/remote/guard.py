@@ -8,7 +8,7 @@
   (TLS handshake included), however it trickles its bytes; then it is cut.
 - **The holder's idle limit**: while the server waits for the holder's next bytes, the wait may
   last at most ``idle_limit`` seconds (clients send keep-alives when they have nothing else to
-  say, see :mod:`csrun.emulator.keepalive`). Time the server spends working (a step, a load, a
+  say, see :mod:`csrun.emulator.remote.keepalive`). Time the server spends working (a step, a load, a
   state fetch) does not count. A holder over the limit is handed to its ``reclaim``.
 
 Cutting a connection means ``shutdown(SHUT_RDWR)`` on its socket (the plain socket's, also under
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from csrun.errors import UserError
 
-log = logging.getLogger("csrun.emulator.server")
+log = logging.getLogger("csrun.emulator.remote.server")
 
 
 @dataclass(frozen=True, kw_only=True)

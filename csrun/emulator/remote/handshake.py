@@ -1,6 +1,6 @@
 """The hello: HMAC-SHA256 challenge-response between ``cs_emulator`` and a client.
 
-The token never travels. The exchange (frames as in :mod:`csrun.emulator.wire`)::
+The token never travels. The exchange (frames as in :mod:`csrun.emulator.remote.wire`)::
 
     server -> client  {"op": "challenge", "version": 2, "nonce": Ns, "message": ...}
     client -> server  {"op": "hello", "version": 2, "job_id": J, "nonce": Nc,
@@ -27,8 +27,8 @@ import hmac
 import secrets
 from typing import Any
 
-from csrun.emulator.errors import ProtocolError
-from csrun.emulator.wire import PROTOCOL_VERSION
+from csrun.emulator.remote.errors import ProtocolError
+from csrun.emulator.remote.wire import PROTOCOL_VERSION
 
 NONCE_BYTES = 32
 """Random bytes in each side's nonce."""

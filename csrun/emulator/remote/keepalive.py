@@ -1,7 +1,7 @@
 """Client keep-alives: a ``ping`` frame whenever the link has been quiet for a while.
 
 The server takes the system back from a holder that keeps it waiting longer than its idle limit
-(:mod:`csrun.emulator.guard`), and tells the client that limit in the hello's answer. A job can be
+(:mod:`csrun.emulator.remote.guard`), and tells the client that limit in the hello's answer. A job can be
 legitimately quiet much longer than that: compiling, running step closures, evaluating on the CPU,
 writing a checkpoint, or waiting on a long step. So a thread of its own sends ``{"op": "ping"}``
 when nothing was sent for a quarter of the limit; only a process that is stopped or frozen as a

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from csrun.emulator.errors import ProgramRejected
+from csrun.emulator.remote.errors import ProgramRejected
 from csrun.program import archive
 
 

@@ -1,7 +1,7 @@
 """The emulator server: one authenticated client at a time drives an EmbeddedDevice over TCP.
 
-Session protocol (frames as in :mod:`csrun.emulator.wire`; the hello as in
-:mod:`csrun.emulator.handshake`; every request after the hello carries a ``seq`` and is
+Session protocol (frames as in :mod:`csrun.emulator.remote.wire`; the hello as in
+:mod:`csrun.emulator.remote.handshake`; every request after the hello carries a ``seq`` and is
 answered in order):
 
 ===================  ===========================================  ==================================
@@ -28,14 +28,14 @@ the system, other authenticated clients get ``system busy: in use by job J since
 closed. A client that disconnects (or whose connection breaks) frees the system at once; its
 device state is dropped. Malformed input closes only that connection, with a logged reason.
 
-Limits (:mod:`csrun.emulator.guard`): at most ``max_pending`` connections wait to authenticate
+Limits (:mod:`csrun.emulator.remote.guard`): at most ``max_pending`` connections wait to authenticate
 (a newcomer evicts the oldest stale one, else it hears ``too many connections``); each has
 ``hello_deadline`` seconds for its whole hello; the holder loses the system when the server has
 waited ``idle_limit`` seconds for its next bytes (it is told why). With ``tls`` every connection
-is TLS (:mod:`csrun.emulator.tls`), the handshake inside the hello deadline.
+is TLS (:mod:`csrun.emulator.remote.tls`), the handshake inside the hello deadline.
 
 As soon as it listens the server imports torch's program reader and starts a GPU's runtime on a
-background thread (:mod:`csrun.emulator.server_warmup`), so a job's first load does not wait
+background thread (:mod:`csrun.emulator.remote.server_warmup`), so a job's first load does not wait
 seconds for them.
 """
 
@@ -48,13 +48,13 @@ import ssl
 import threading
 import time
 
-from csrun.emulator import handshake, server_warmup, wire
-from csrun.emulator.errors import ProtocolError
-from csrun.emulator.guard import Guard, GuardLimits, Pending, cut
-from csrun.emulator.session import Session
+from csrun.emulator.remote import handshake, server_warmup, wire
+from csrun.emulator.remote.errors import ProtocolError
+from csrun.emulator.remote.guard import Guard, GuardLimits, Pending, cut
+from csrun.emulator.remote.session import Session
 from csrun.errors import UserError
 
-log = logging.getLogger("csrun.emulator.server")
+log = logging.getLogger("csrun.emulator.remote.server")
 
 PROTOCOL_VERSION = wire.PROTOCOL_VERSION
 HELLO_LIMITS = wire.Limits(max_header_bytes=16 << 10, max_tensors=0)
@@ -81,7 +81,7 @@ class EmulatorServer:
         tls: ssl.SSLContext | None = None,
     ) -> None:
         """Bind the listening socket. ``token`` must be non-empty (its strength is the command's
-        check, :func:`csrun.emulator.auth_token.check_token`). ``connection_limits``: pending
+        check, :func:`csrun.emulator.remote.auth_token.check_token`). ``connection_limits``: pending
         connections, hello deadline, idle limit. ``tls``: a server context to wrap every connection."""
         if not token:
             raise UserError("the emulator needs a non-empty token")

@@ -4,7 +4,7 @@ The reader (the connection's thread) decodes each request and runs it on an
 :class:`~csrun.emulator.embedded.EmbeddedDevice` of the session's own; a responder thread sends
 the answers in request order as they resolve, so steps pipeline. ``ping`` frames are read and
 dropped: they only show that the client is alive. The socket is a
-:class:`~csrun.emulator.guard.WatchedSocket`, so the server's watchdog knows how long the session
+:class:`~csrun.emulator.remote.guard.WatchedSocket`, so the server's watchdog knows how long the session
 has been waiting for the client; over the idle limit it calls :meth:`Session.reclaim`, which
 tells the client why (when its socket can take one more frame) and cuts the connection. However
 the session ends, its device is closed and its state dropped.
@@ -21,17 +21,17 @@ from typing import Any, Callable
 
 import torch
 
-from csrun.emulator import wire
+from csrun.emulator.remote import wire
 from csrun.emulator.embedded import EmbeddedDevice
-from csrun.emulator.errors import ProtocolError
+from csrun.emulator.remote.errors import ProtocolError
 from csrun.program.errors import DeviceError, StepFailed
-from csrun.emulator.guard import WatchedSocket, cut
-from csrun.emulator.program import load_program
-from csrun.emulator.step_plan import StepPlan
+from csrun.emulator.remote.guard import WatchedSocket, cut
+from csrun.emulator.remote.program import load_program
+from csrun.program.step_plan import StepPlan
 from csrun.errors import UserError
 from csrun.program.spec import ProgramSpec
 
-log = logging.getLogger("csrun.emulator.server")
+log = logging.getLogger("csrun.emulator.remote.server")
 
 
 def _error_header(seq: int | None, exc: BaseException) -> dict[str, Any]:
@@ -72,7 +72,7 @@ class Session:
         with self.send_lock:
             wire.send_frame(self.link, header, tensors)
 
-    # liveness (see csrun.emulator.guard.Holder) ---------------------------------------------------
+    # liveness (see csrun.emulator.remote.guard.Holder) ---------------------------------------------------
 
     def idle_for(self) -> float | None:
         """Seconds the server has been waiting for this client's next bytes (None: not waiting)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from csrun.env_settings import env_name, env_settings
-from csrun.emulator.auth_token import check_private_file
+from csrun.emulator.remote.auth_token import check_private_file
 from csrun.errors import UserError
 
 CA_ENV = env_name("emulator_ca")

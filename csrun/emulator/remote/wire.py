@@ -16,7 +16,7 @@ Structured values (a batch, a state dict) travel as JSON with tensors replaced b
 ``{"$map": [[key, value], ...]}`` (:func:`encode` / :func:`decode`).
 
 The session protocol's version (:data:`PROTOCOL_VERSION`) travels in the hello
-(:mod:`csrun.emulator.handshake`); version 2 replaced the token in the hello with a
+(:mod:`csrun.emulator.remote.handshake`); version 2 replaced the token in the hello with a
 challenge-response and added ``ping`` keep-alives.
 """
 
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
-from csrun.emulator.errors import ProtocolError
+from csrun.emulator.remote.errors import ProtocolError
 
 MAGIC = b"CSE1"
 PROTOCOL_VERSION = 2
