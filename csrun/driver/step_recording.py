@@ -36,8 +36,8 @@ Session); ``loss.backward()`` names the loss. The :class:`StepRecorder` then hol
   operation.
 * **Later steps check.** Nothing of the device part runs on the CPU: each call and operation
   is compared with the compiled one at the same position (function, argument structure,
-  constants, input shapes) and answered with new step values of the cached shapes, a few
-  microseconds per operation (``bench/emulator/step_capture.py``).
+  constants, input shapes) and answered with new step values of the cached shapes, a small
+  cost per operation (``bench/emulator/step_capture.py``; figures in BENCHMARKS.md).
 * **A different step is refused.** A call or operation that differs from the compiled one
   (another branch taken, another loss, another shape), a missing or extra one, raises
   :class:`StepChanged` naming the user's file and line and what was compiled there. The

@@ -155,7 +155,7 @@ def write_archive(program: torch.export.ExportedProgram, file: str | IO[bytes], 
     torch's serializer also runs ``canonicalize`` on a deep copy of the serialized program
     only as a self-test ("Test canonical form is well defined" in
     torch/_export/serde/serialize.py) and discards the result; that test is skipped here (it
-    is about half of a graph's save time). And it imports inductor's IR module only to ask
+    is a large part of a graph's save time). And it imports inductor's IR module only to ask
     whether an argument is one of its buffers (:func:`_without_inductor_ir`). The archive
     written is the same.
     """
@@ -196,7 +196,7 @@ def _without_inductor_ir() -> Iterator[None]:
     """While inside, ``import torch._inductor.ir`` gives a stand-in whose every attribute is a
     class of its own, unless the real module is already loaded.
 
-    torch's serializer imports that module (~35 ms, most of a small program's first write) for
+    torch's serializer imports that module (most of a small program's first write: BENCHMARKS.md) for
     one check: is an argument an instance of inductor's ``Buffer`` or ``ReinterpretView``? No
     object can be an instance of a class of a module that was never loaded, so against the
     stand-in's classes the answer is the same "no", without the import. The modules

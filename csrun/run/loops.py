@@ -12,7 +12,7 @@ steps and once a preemption signal arrived. With ``save_losses`` every step's lo
 ``losses.csv``: the loop keeps each step's loss (a device value on the system) and hands the
 ones not read yet to the next closure, adding one after at most ``LOSS_READ_EVERY`` (10) steps,
 so the chief waits for the device once per group instead of once per step (a closure every
-step cost the README's fc_mnist job ~6 % of its steady rate). A group keeps its steps' outputs
+step cost the README's fc_mnist job part of its steady rate: BENCHMARKS.md). A group keeps its steps' outputs
 alive, so it is used only when the first step's outputs (read by a closure at step 1) are at
 most ``LOSS_GROUP_MAX_OUTPUT_BYTES`` (1 MiB); a model handing back larger ones (logits) is
 read every step as before. The loss is checked where it is

@@ -14,14 +14,14 @@ are small fixed-size int64 control headers on their own tags (see :mod:`csrun.st
 
 What a waiting task costs: no wait calls MPICH's blocking ``Recv``/``Wait`` (its progress
 engine spins inside them); every wait polls with ``Test`` and sleeps between polls
-(:class:`~csrun.stream.wire.Backoff`). A streamer waiting for credit costs ~0.03 of a core
-when credit comes every 20 ms and ~0.05-0.06 when it comes every 3.5-7 ms (the README's main
-job; ``bench/stream/idle_cpu.py``; BENCHMARKS.md): the cost is its polls, ~25 µs each. The
+(:class:`~csrun.stream.wire.Backoff`). A streamer waiting for credit costs a small share of a core,
+more when credit comes often (the README's main job) than when it comes seldom
+(``bench/stream/idle_cpu.py``; figures in BENCHMARKS.md): the cost is its polls. The
 chief waiting for a batch polls flat out for 2 ms, then sleeps up to 0.5 ms, so a ready batch
 is seen at once and a late one within 0.5 ms. Before ``MPI_Init`` (whose wait for the other
 tasks on the node spins in MPICH) a task sleeps on the node's arrival board until they have
 all come (:mod:`~csrun.stream.arrivals`): a streamer waiting there for a chief still building
-its model costs ~0.03 of a core instead of ~0.95 (``bench/stream/mpi_init.py``).
+its model costs next to nothing instead of the core MPICH's spin takes (``bench/stream/mpi_init.py``; BENCHMARKS.md).
 
 Modules: :mod:`~csrun.stream.schema` (structure and buffers), :mod:`~csrun.stream.wire`
 (tags, headers, timeouts), :mod:`~csrun.stream.source` (what a streamer streams),

@@ -3,7 +3,7 @@
 MPICH's ``MPI_Init`` waits for every task on the node at a shared-memory barrier that spins
 (``sched_yield`` in a loop). A streamer reaches ``MPI_Init`` (its Session) seconds before a
 chief that is still building its model and optimizer, so on a node they share it burned a
-whole core per streamer and took it from the chief: a 3-task fc_mnist job started ~1 s slower
+whole core per streamer and took it from the chief: a 3-task fc_mnist job took longer
 on 2 cores (BENCHMARKS.md, ``bench/stream/mpi_init.py``). Across nodes the wait is a blocking
 PMI read that costs nothing, so only the tasks sharing a node matter.
 

@@ -26,8 +26,8 @@ such a batch by then). Not seen: writes through a numpy view (they do not move t
 writes into a leaf that shares its storage with more than itself (the counter is the storage's,
 moved by writes anywhere in it, most of them harmless). Unlike the lone chief, which copies each
 batch into buffers of its own (:mod:`csrun.stream.local`), a streamer does not copy: on one node
-MPI's transfer runs at 8-12 GB/s here, and a copy would cost large batches about half of it
-(``bench/stream/run.py`` part a).
+MPI's transfer is itself a shared-memory copy, and one more copy would cost large batches much of
+its speed (see BENCHMARKS.md, ``bench/stream/run.py`` part a).
 
 An exception in the input pipeline (or a batch that cannot be streamed) is printed here with
 its traceback, sent to the chief as ERROR (rank, node, the exception's last line), and then

@@ -42,7 +42,7 @@ class StreamerStats:
     credit_wait_s: float = 0.0
     """Time blocked with a batch ready but no credit (the chief was behind)."""
     credit_wait_cpu_s: float = 0.0
-    """CPU time the process used during those waits (what waiting costs; ~1% of the wait)."""
+    """CPU time the process used during those waits (what waiting costs, a small share of the wait: BENCHMARKS.md)."""
 
     @property
     def batches_per_s(self) -> float:

@@ -197,12 +197,12 @@ class Backoff:
     """How a task waits on MPI without burning a core: poll, and sleep a little longer each idle round.
 
     MPICH's blocking calls (``Recv``, ``Wait``) spin inside its progress engine, and so would a
-    loop of ``Test`` calls: a waiting streamer took ~60% of a core from the chief it feeds. A
+    loop of ``Test`` calls: a waiting streamer took much of a core from the chief it feeds. A
     waiter here polls flat out only for ``busy_s`` (a batch that is about to land costs no
     latency), then sleeps between polls, each sleep 1.5x the last from ``min_sleep`` up to
     ``max_sleep``. Every poll also drives MPICH's progress, so a large transfer keeps moving.
 
-    What waiting costs: one poll per ``max_sleep`` once settled (~10 µs of CPU each), about 1%
+    What waiting costs: one poll per ``max_sleep`` once settled, a small share
     of a core; a ready message is seen within ``max_sleep``. Four paces are used:
     :meth:`transfer` while data must move now (the chief waiting for a batch, a streamer that
     must retire sends before posting more: MPICH copies a large shared-memory message only while
@@ -213,7 +213,7 @@ class Backoff:
     of them sees it move within 0.5 ms); :meth:`streamer` (waiting for credit or START with
     nothing in flight: no busy phase, at most 5 ms asleep; its next batch is already in the
     chief's ring); and :meth:`arrival` (on the board before ``MPI_Init``, where peers come in
-    seconds: 1 ms growing to 50 ms). What each pace costs on the README's main job: :mod:`csrun.stream`'s manual.
+    seconds: 1 ms growing to 50 ms). What each pace costs on the README's main job: BENCHMARKS.md (``bench/stream/idle_cpu.py``).
     """
 
     def __init__(self, busy_s: float = 0.002, min_sleep: float = 20e-6, max_sleep: float = 0.0005) -> None:

@@ -47,7 +47,7 @@ On the device the **whole step** is captured, as the system traced it: everythin
 computes from the batch up to its boundary (the next batch) — any number of model calls with
 any positional or keyword arguments, a loss computed outside the model, metrics after
 ``optimizer.step()`` — is recorded in the Session's first step and compiled as one program;
-later steps are checked against it for a few microseconds per operation, and a step that
+later steps are checked against it at a small cost per operation (BENCHMARKS.md), and a step that
 differs (another branch, another loss, another shape) is refused naming its file and line
 (the design: :mod:`csrun.driver.step_recording`; the driver, which is the device backend:
 :mod:`csrun.driver.driver`). The batch's own values stay readable on

@@ -2,7 +2,7 @@
 
 A training process holds a large heap of long-lived objects: torch's and csrun's modules, the
 model, the optimizer, the dataset. CPython's full collections walk all of it: with torch
-loaded one takes 30-400 ms, and several run while the model is built, while the first step
+loaded one takes a noticeable time (BENCHMARKS.md), and several run while the model is built, while the first step
 compiles (the capture imports ``torch.export`` and builds fake tensors) and then every so often
 during the run. So csrun moves every object alive at two points into the collector's permanent
 generation (:func:`gc.freeze`), where collections no longer look:
@@ -13,8 +13,8 @@ generation (:func:`gc.freeze`), where collections no longer look:
 and a Session's exit moves them all back (:func:`gc.unfreeze`), so that what became garbage
 meanwhile is collected as before (a later Session freezes again at its entry).
 
-Measured on the README's main job (chief, 2 cores): 0.6 s less from ``import torch`` to the
-Session, and the collector's time inside the Session 0.34 s -> 0.12-0.14 s (BENCHMARKS.md).
+Measured on the README's main job (chief): less time from ``import torch`` to the Session, and
+less of the collector's time inside the Session (BENCHMARKS.md, ``bench/e2e/main_job.py``).
 
 What it costs: an object that was already garbage (an unreachable cycle) at a freeze is freed
 at the Session's end instead of earlier. ``CSRUN_GC_FREEZE=0`` (or ``off``, ``false``, ``no``)

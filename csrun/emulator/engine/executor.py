@@ -97,8 +97,8 @@ def _backward(root: torch.Tensor, unit: torch.Tensor) -> None:
     wait for that Python to let go of the GIL:
 
     - it frees each saved tensor as soon as it is used, and freeing one that was ever a Python
-      object takes the GIL (torch keeps such a tensor's Python object alive for it): ~1 ms of
-      stall per 1 ms of the loop's Python, measured. ``retain_graph=True`` keeps them; the caller
+      object takes the GIL (torch keeps such a tensor's Python object alive for it): the backward
+      stalls about as long as the loop's Python runs (BENCHMARKS.md). ``retain_graph=True`` keeps them; the caller
       drops the graph right after, on this thread, which holds the GIL then (and before the
       update, so the update's memory peak is what it was);
     - ``torch.autograd.backward`` makes the initial gradient with a torch op before it enters the
@@ -185,7 +185,7 @@ def drop_input_guards(module: torch.fx.GraphModule) -> bool:
 
     ``ExportedProgram.module()`` re-checks every call's inputs twice: a forward pre-hook that
     matches their pytree structure and constraints, and a generated ``_guards_fn`` called from
-    the graph. On a small model they cost several percent of a step.
+    the graph. On a small model they are a noticeable part of a step.
     """
     removed = False
     for node in list(module.graph.nodes):

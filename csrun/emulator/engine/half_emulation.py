@@ -1,7 +1,7 @@
 """float16 / bfloat16 compute emulated on float32 kernels, rounded where a 16-bit datapath rounds.
 
-``torch.autocast`` on a CPU runs the 16-bit ops on 16-bit kernels, which are 2-3x slower than
-float32 ones there. The system's datapath multiplies 16-bit values and accumulates in float32;
+``torch.autocast`` on a CPU runs the 16-bit ops on 16-bit kernels, which are much slower than
+float32 ones there (BENCHMARKS.md). The system's datapath multiplies 16-bit values and accumulates in float32;
 the product of two float16 (or bfloat16) values is exact in float32, so the same numbers come
 out of float32 kernels when the values are rounded where the datapath rounds:
 
@@ -136,8 +136,8 @@ def autocast_dtypes(module: GraphModule, dtype: torch.dtype, device_type: str = 
     A program of at most :data:`REAL_PROBE_MAX_ELEMENTS` elements on a CPU that calls torch's own
     operators only (aten, prims) runs once on real zero tensors (its inputs, and in place of its
     weights and buffers), under ``no_grad`` and with the random generator's state put back: for a
-    small program that is ~10x cheaper than the general way, torch's fake-tensor dispatch (40-50
-    ms for fc_mnist, paid by every job); should an op refuse zeros, the general way answers. Every
+    small program that is much cheaper than the general way, torch's fake-tensor dispatch (paid
+    by every job: BENCHMARKS.md, the README's main job); should an op refuse zeros, the general way answers. Every
     other program runs on fake tensors shaped like the placeholders' captured values.
     """
     elements = _elements(module) if device_type == "cpu" else None

@@ -2,8 +2,8 @@
 
 ``Optimizer.step()`` wraps the update in Python that a small model feels every step: a profiler
 record, the grad-mode switch, the dynamo guard, the hook loops, ``_init_group``'s list building
-and the functional dispatcher. For fc_mnist's 22 tensors that is ~150 µs of the engine thread's
-GIL per step, more than the update's own foreach kernels (~110 µs); the chief's loop waits for
+and the functional dispatcher. For fc_mnist's 22 tensors that is more of the engine thread's
+GIL per step than the update's own foreach kernels take (BENCHMARKS.md); the chief's loop waits for
 that GIL. For the optimizers here the engine builds the lists itself and runs the update as one
 TorchScript function (:func:`sgd_update`): the same foreach operations, in the same order, as
 torch's own multi-tensor SGD (``torch.optim.sgd._multi_tensor_sgd``), so the numbers are torch's
@@ -22,11 +22,11 @@ engine's trainable weights, a static loss scale, no clipping): everything betwee
 and the next step — float16/bfloat16 emulation's rounding of the gradients
 (:class:`~csrun.emulator.engine.half_emulation.HalfWeights`), the unscaling, the update — is that one
 TorchScript call, and the gradients are cleared without ``zero_grad``'s loop. Why it matters
-more than its own microseconds: the embedded engine shares the chief's GIL with the training loop,
+more than its own cost: the embedded engine shares the chief's GIL with the training loop,
 and every moment the engine needs the GIL while the loop holds it (or the other way round) the
 step waits. Measured on fc_mnist's engine (``bench/emulator/gil_neighbour.py``): beside a thread
-that holds the GIL ~12 % of the time, the step took 1.15x its time alone before and 1.09x after,
-and ~5 % less alone; the README job ran ~4 % faster (BENCHMARKS.md).
+that holds the GIL part of the time, the step slows down less with the scripted update than without
+it, and is faster alone too; the README job ran faster with it (figures in BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from csrun.emulator.engine.torchscript import unoptimized
 def _scale_(tensors: list[torch.Tensor], factor: float, float32: bool) -> None:
     """``tensors *= factor``. When every tensor is float32 (``float32``) the factor goes in as a
     float32 0-dim tensor: the same products bit for bit (the scalar is rounded to float32 either
-    way), but a Python scalar is wrapped into a tensor once per tensor on a CPU (~1 µs each: 30 µs
-    of fc_mnist's 22 momentum buffers against 9 µs). A factor beyond float32's range, or NaN, stays
+    way), but a Python scalar is wrapped into a tensor once per tensor on a CPU (a cost per tensor
+    that the 0-dim tensor saves: BENCHMARKS.md). A factor beyond float32's range, or NaN, stays
     a scalar (``torch.full`` refuses it; the scalar gives torch's inf or NaN products)."""
     # 3.4028234663852886e38: float32's largest, written out (TorchScript compiles this: no globals);
     # the tensor on the tensors' device (a GPU's fast path)

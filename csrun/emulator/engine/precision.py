@@ -6,8 +6,8 @@ is lowered. Backward runs through autograd on whatever the forward recorded.
 - ``float16`` / ``bfloat16``: the ops ``torch.autocast`` would run low (matmuls and
   convolutions, and what follows them in 16 bits; reductions and losses stay float32), like the
   system's automatic casts. On CPU by default they run on float32 kernels with their operands
-  and outputs rounded to the 16-bit format (:mod:`csrun.emulator.engine.half_emulation`, 2.5-7x faster
-  than CPU autocast, the same numbers up to summation order); ``CSRUN_HALF_EMULATION=autocast``
+  and outputs rounded to the 16-bit format (:mod:`csrun.emulator.engine.half_emulation`: much faster
+  than CPU autocast, see BENCHMARKS.md; the same numbers up to summation order); ``CSRUN_HALF_EMULATION=autocast``
   (the default on CUDA) runs the forward under ``torch.autocast`` instead.
 - ``cbfloat16``: Cerebras' 16-bit format, 1 sign, 6 exponent, 9 mantissa bits (exponent bias 31;
   largest finite ``(2 - 2**-9) * 2**31``, smallest normal ``2**-30``). It is emulated on float32:

@@ -4,8 +4,8 @@ The captured program is an FX graph: run as a ``GraphModule`` it is Python code 
 aten op after another, and every op returns to Python and takes the GIL back. The embedded
 device runs the engine on a thread of the chief's process, beside the user's training loop and
 its input pipeline (Python too): on a small model the two threads hand the GIL back and forth
-at every op, and each waits for the other (a 10x50 MLP's step took 4x longer with a DataLoader
-iterating beside it). A trace of the same graph (``torch.jit.trace``) runs all its ops inside
+at every op, and each waits for the other (a 10x50 MLP's step took much longer with a DataLoader
+iterating beside it: BENCHMARKS.md). A trace of the same graph (``torch.jit.trace``) runs all its ops inside
 one call: the engine thread needs the GIL only to start the forward, for the backward's Python
 wrapper and the optimizer.
 

@@ -5,10 +5,10 @@ seconds while the job's chief imports torch, builds the model and compiles. Its 
 ``load`` used to pay for two things in that window's stead:
 
 - torch's program deserialiser (``torch._export.serde``: it imports most of torch.export),
-  1.9-2.6 s of a fresh process on the 2-core development machine and most of the ~5 s
-  ``programming_time`` measured through the server on an H100 node;
-- on a GPU, the device's runtime: context, allocator, cuBLAS handle and a first kernel (0.2-0.3 s
-  on that H100, more on a cold node).
+  seconds of a fresh process, and most of the first load's
+  ``programming_time`` measured through the server on an H100 node (BENCHMARKS.md, on a GPU);
+- on a GPU, the device's runtime: context, allocator, cuBLAS handle and a first kernel (a
+  fraction of a second on that H100, more on a cold node).
 
 :func:`warm_up` does both on a daemon thread as soon as the server listens. A load that arrives
 meanwhile waits for the reader's import to finish (:func:`csrun.program.archive.import_reader`
