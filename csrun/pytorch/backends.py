@@ -162,6 +162,7 @@ class Backend:
                                         settings=_settings.compile_settings() if csx else None,
                                         model_dir=options.artifact_dir, compile_dir=options.compile_dir,
                                         device=options.emulator_device, queue_depth=options.queue_depth)
+        self.apply_settings(_settings)  # the CPU's schedule too (the eager backend's TrainingRules)
 
     @property
     def run_path(self) -> RunPath:
@@ -175,7 +176,7 @@ class Backend:
 
     def apply_settings(self, settings: TrainingSettings) -> None:
         """Hand ``settings`` to the backend (refused once the step is compiled with others; on the
-        CPU the eager loop applies them itself)."""
+        CPU the eager backend runs their schedule)."""
         try:
             self.state.backend.apply_settings(settings.compile_settings())
         except CompiledWithOthers:

@@ -146,7 +146,8 @@ class EagerBackend:
         return item
 
     def apply_settings(self, settings: CompileSettings) -> None:
-        """Nothing: on the CPU the script's own optimizer, schedule and clipping run."""
+        """Run the settings' schedule and clipping from the next step on (:class:`TrainingRules`)."""
+        self.rules.configure(settings)
 
     def end_step(self, closures: list[StepClosure]) -> None:
         """Run the closures now, in order (``run_async`` too: there is nothing to overlap with)."""

@@ -33,13 +33,16 @@ class TrainingRules:
         self.global_step = 0
         """Optimizer steps taken (plus the value restored by ``set_state``)."""
         if settings is not None:
-            lr = settings.learning_rate
-            if lr not in (None, 0, 0.0):
-                self.schedule = build_schedule(lr)
-            self.max_norm = settings.max_gradient_norm
-            self.max_value = settings.max_gradient_value
-            check_clipping(self.max_norm, self.max_value)
+            self.configure(settings)
         self._handles: list[Any] = []
+
+    def configure(self, settings: Any) -> None:
+        """Run ``settings``' schedule and clipping from the next step on (a
+        :class:`~csrun.compiler.CompileSettings`; a learning rate of 0: the optimizer's own)."""
+        lr = settings.learning_rate
+        schedule = None if lr in (None, 0, 0.0) else build_schedule(lr)
+        check_clipping(settings.max_gradient_norm, settings.max_gradient_value)
+        self.schedule, self.max_norm, self.max_value = schedule, settings.max_gradient_norm, settings.max_gradient_value
 
     def attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook ``optimizer.step()``: schedule + clipping before, step count after."""

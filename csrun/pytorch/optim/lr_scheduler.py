@@ -7,9 +7,11 @@ function the engine runs) and the learning rate of the next optimizer step is
 ``schedule(global_step)``. Calling ``step()`` is allowed and changes nothing (a loop that
 never calls it gets the same rates); ``get_last_lr()`` is the rate of the next step.
 
-* **On the device** the schedule goes into the compiled program (the process's
-  :class:`~csrun.pytorch.backends.TrainingSettings`); the last scheduler built wins.
-* **On the CPU** a step pre-hook on the optimizer sets each group's ``lr`` before every step.
+The schedule is one of the process's :class:`~csrun.pytorch.backends.TrainingSettings`, handed
+to the backend (:meth:`csrun.torch.backend.Backend.apply_settings`); the last scheduler built
+wins. On the device it goes into the compiled program; on the CPU the eager backend's
+:class:`~csrun.torch.rules.TrainingRules` set each group's ``lr`` before every step, as they do
+for a cbtorch run's ``learning_rate``.
 
 ``state_dict()`` is ``{"global_step": N}``, the runner's ``lr_scheduler`` checkpoint entry;
 ``load_state_dict`` restores the global step (``cbtorch.set_state``), so a resumed run
@@ -33,10 +35,7 @@ import torch
 import csrun.torch as cbtorch
 from csrun.program.schedules import Schedule, build_schedule
 from csrun.errors import UserError
-from csrun.pytorch.backends import current_backend, update_settings
-
-_ATTACHED = "_cstorch_lr_scheduler"
-
+from csrun.pytorch.backends import update_settings
 
 class LRSchedulerError(UserError):
     """A scheduler argument that does not fit."""
@@ -53,26 +52,9 @@ class LRScheduler:
         self.learning_rate = learning_rate
         """The legacy ``learning_rate`` value this scheduler is."""
         self.schedule: Schedule = build_schedule(learning_rate)
-        self._hook: Any = None
-        previous = getattr(optimizer, _ATTACHED, None)
-        if isinstance(previous, LRScheduler):
-            previous.detach()
-        setattr(optimizer, _ATTACHED, self)
-        backend = current_backend()
-        if backend is None or not backend.on_device:
-            self._hook = optimizer.register_step_pre_hook(self._set_learning_rate)
-        self._set_learning_rate(optimizer, (), {})
-        update_settings(learning_rate=learning_rate)
-
-    def detach(self) -> None:
-        """Stop setting the optimizer's learning rate (a later scheduler took over)."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-
-    def _set_learning_rate(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        update_settings(learning_rate=learning_rate)  # the backend runs it from now on
         lr = self.get_last_lr()[0]
-        for group in optimizer.param_groups:
+        for group in optimizer.param_groups:  # the next step's rate, shown at once
             group["lr"] = lr
 
     @property
