@@ -8,7 +8,9 @@ added, after the step has been sent to the device and the next batch fetched (so
 work overlaps the device's step, as the system's streamers ran ahead), and before the next
 step begins: a closure sees the state after its own step. On the CPU they run inline; on a device the
 backend first turns device tensors in ``args`` into CPU tensors (reading a device tensor
-anywhere else is an error on the system).
+anywhere else is an error on the system). On the CPU outside a Session there is no step to end
+(a loop over the user's own DataLoader, as the R1.x zoo's CPU runner has): a closure runs at
+once, as the system ran it off the device.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Callable, TypeVar
 
 from csrun.driver.closures import StepClosure
 from csrun.errors import UserError
+from csrun.torch.backend import EagerBackend
 from csrun.torch.process_state import state
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,7 +34,7 @@ def add_step_closure(fn: Callable[..., Any], args: tuple = (), kwargs: dict[str,
         raise UserError(f"add_step_closure needs a callable, got {type(fn).__name__} {fn!r}")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise UserError(f"add_step_closure: kwargs must be a dict, got {type(kwargs).__name__}")
-    state().closures.append(StepClosure(fn=fn, args=tuple(args), kwargs=dict(kwargs or {}), run_async=run_async))
+    _queue(StepClosure(fn=fn, args=tuple(args), kwargs=dict(kwargs or {}), run_async=run_async))
 
 
 def step_closure(fn: F) -> F:
@@ -39,9 +42,18 @@ def step_closure(fn: F) -> F:
 
     @functools.wraps(fn)
     def queue(*args: Any, **kwargs: Any) -> None:
-        state().closures.append(StepClosure(fn=fn, args=args, kwargs=kwargs))
+        _queue(StepClosure(fn=fn, args=args, kwargs=kwargs))
 
     return queue  # type: ignore[return-value]
+
+
+def _queue(closure: StepClosure) -> None:
+    """Queue ``closure`` for the step's end; on the CPU outside a Session, run it now."""
+    st = state()
+    if st.session is None and isinstance(st.backend, EagerBackend) and not st.closures:
+        closure()
+        return
+    st.closures.append(closure)
 
 
 def end_step() -> None:

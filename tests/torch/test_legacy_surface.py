@@ -63,6 +63,21 @@ def test_add_step_closure_with_kwargs_and_mark_step_run_it_at_once() -> None:
         cm.add_step_closure(print, kwargs=[1])  # type: ignore[arg-type]
 
 
+def test_on_the_cpu_outside_a_session_a_closure_runs_at_once() -> None:
+    """The R1.x zoo's CPU runner loops over its own DataLoader with no Session: its closures (the
+    eval loss, the summaries) ran at once off the device."""
+    cbtorch.initialize(cpu=True)
+    model = cbtorch.module(torch.nn.Linear(4, 1))
+    seen: list[float] = []
+    for x in torch.randn(3, 2, 4):
+        loss = model(x).sum()
+        cm.add_step_closure(lambda v: seen.append(float(v)), args=(loss,))
+        assert seen[-1] == float(loss)  # already ran
+        cm.step_closure(lambda v: seen.append(-float(v)))(loss)
+        assert seen[-1] == -float(loss)
+    assert len(seen) == 6 and not state_mod.state().closures
+
+
 def test_module_takes_a_legacy_device_argument() -> None:
     model = torch.nn.Linear(2, 2)
     assert cbtorch.module(model, None) is model and cbtorch.module(model, device="cpu") is model
