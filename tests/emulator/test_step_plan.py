@@ -15,7 +15,8 @@ from csrun.emulator.errors import SpecError
 from csrun.emulator.server import EmulatorServer
 from csrun.emulator.step_plan import FULL_STEP, StepPlan
 
-from .helpers import MLP, make_program, mlp_batches, quiet
+from tests.tiny_models import MLP, mlp_batches
+from .helpers import make_program, quiet
 
 TOKEN = "step-plan-Hq3Zt9Lw-token-5Vn8Kc"
 
