@@ -87,3 +87,16 @@ def read_probes(out: Path) -> dict[int, dict]:
 
 
 PROBE = REPO / "tests" / "scripts" / "task_probe.py"
+
+
+def long_debug_params(tmp_path: Path) -> tuple[dict, Path]:
+    """fc_mnist's debug params made to run far longer than any test waits (100000 steps, no
+    periodic checkpoints), written to ``tmp_path/long.yaml``: (the params, the file). For the
+    preemption tests, local and on the cluster, that stop a run part way."""
+    import yaml
+
+    params = yaml.safe_load((REPO / "configs" / "fc_mnist_debug.yaml").read_text())
+    params["runconfig"].update(max_steps=100000, checkpoint_steps=0, log_steps=200)
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return params, path

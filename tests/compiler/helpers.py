@@ -1,17 +1,36 @@
-"""Shared test helpers: line numbers computed from source, default settings, a quiet console."""
+"""Shared test helpers: line numbers computed from source, default settings, a quiet console,
+the torch LR schedulers the schedule tests cover."""
 
 from __future__ import annotations
 
 import inspect
 import io
 import os
-from typing import Any
+from typing import Any, Callable
 
+import torch
 from rich.console import Console
+from torch.optim import lr_scheduler as S
 
 from csrun.compiler import CompileSettings
 
 SETTINGS = CompileSettings(mode="train", learning_rate=1e-3)
+
+
+LR_SCHEDULERS: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
+    "StepLR": lambda o: S.StepLR(o, step_size=7, gamma=0.5),
+    "MultiStepLR": lambda o: S.MultiStepLR(o, milestones=[5, 12, 12, 30], gamma=0.3),
+    "ExponentialLR": lambda o: S.ExponentialLR(o, gamma=0.93),
+    "LinearLR": lambda o: S.LinearLR(o, start_factor=0.25, end_factor=1.0, total_iters=20),
+    "ConstantLR": lambda o: S.ConstantLR(o, factor=0.5, total_iters=9),
+    "CosineAnnealingLR": lambda o: S.CosineAnnealingLR(o, T_max=15, eta_min=0.001),
+    "PolynomialLR": lambda o: S.PolynomialLR(o, total_iters=40, power=2.0),
+    "SequentialLR": lambda o: S.SequentialLR(o, [S.LinearLR(o, start_factor=0.1, total_iters=10),
+                                                 S.CosineAnnealingLR(o, T_max=30)], milestones=[10]),
+    "ChainedScheduler": lambda o: S.ChainedScheduler([S.ConstantLR(o, factor=0.5, total_iters=6),
+                                                      S.ExponentialLR(o, gamma=0.95)]),
+}
+"""Each torch LR scheduler the device runs, by name: a maker from the optimizer (compiler and device tests)."""
 
 
 def line_of(obj: Any, needle: str) -> int:

@@ -75,6 +75,8 @@ def test_value_reads_are_located(kind: str, cls: type, capsys: pytest.CaptureFix
 
 
 class ManyProblems(nn.Module):
+    """Three reads of a value in one forward, each on a marked line the checks must report."""
+
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 2)
@@ -99,6 +101,8 @@ def test_all_value_reads_reported_in_one_pass() -> None:
 
 
 class NoLoss(nn.Module):
+    """A forward that returns no loss: the check must name its ``def forward`` line."""
+
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 2)
@@ -116,6 +120,8 @@ def test_forward_must_return_loss() -> None:
 
 
 class Clean(nn.Module):
+    """A static shape branch and a ``torch.where``: what the checks must let through."""
+
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 2)
@@ -135,6 +141,8 @@ def test_static_shape_branch_and_where_are_fine() -> None:
 
 
 class MissingKey(nn.Module):
+    """Reads a batch key the batch lacks, on a marked line the capture's error must name."""
+
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 2)

@@ -20,11 +20,12 @@ from csrun.compiler.cache.program_io import bind_weights, load_exported_program
 from csrun.compiler.errors import ModelDoesNotFit, UnsafeProgram
 from csrun.compiler.report import MSG_COMPILING, MSG_FAILED, MSG_TRAIN_OK
 
+from tests.tiny_models import ConvNet, DeepMLP, TinyBert, TinyGPT
+
 from .helpers import console
-from .tiny_models import MLP, ConvNet, TinyBert, TinyGPT
 
 SETTINGS = CompileSettings(mode="train", learning_rate=1e-3)
-MODELS = [MLP, ConvNet, TinyBert, TinyGPT]
+MODELS = [DeepMLP, ConvNet, TinyBert, TinyGPT]
 
 
 def _adam(m: torch.nn.Module) -> torch.optim.Optimizer:
@@ -72,20 +73,20 @@ def test_models_compile_and_round_trip(model_cls: type, tmp_path) -> None:  # no
 
 
 def _need_bytes(tmp_path) -> float:  # noqa: ANN001
-    m = MLP(hidden=64)
-    r = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path / "probe"))
+    m = DeepMLP(hidden=64)
+    r = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path / "probe"))
     return r.plan.sram_needed_bytes
 
 
 def test_fit_just_under_and_just_over(tmp_path) -> None:  # noqa: ANN001
     need = _need_bytes(tmp_path)
     small = WaferSpec(name="tiny", num_pes=2000, sram_bytes=int(need * 1.05))
-    m = MLP(hidden=64)
-    r = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path), wafer=small)
+    m = DeepMLP(hidden=64)
+    r = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path), wafer=small)
     assert r.ok and r.plan.fits and r.plan.memory_utilization > 0.9
     too_small = replace(small, sram_bytes=int(need * 0.95))
     con, buf = console()
-    r = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path), wafer=too_small,
+    r = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path), wafer=too_small,
                      console=con)
     assert not r.ok and exit_code(r) == 1 and r.directory is None
     [p] = r.problems
@@ -97,29 +98,29 @@ def test_fit_just_under_and_just_over(tmp_path) -> None:  # noqa: ANN001
 
 def test_cache_hit_miss_and_half_written(tmp_path) -> None:  # noqa: ANN001
     d = str(tmp_path)
-    m = MLP()
-    first = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d)
+    m = DeepMLP()
+    first = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d)
     assert first.ok and not first.cache_hit
     con, buf = console()
-    fast = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d, console=con)
+    fast = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d, console=con)
     assert fast.cache_hit and fast.directory == first.directory and fast.program is None
     assert "Reusing the compile in" in buf.getvalue() and "Placement on WSE-2 (estimate)" in buf.getvalue()
     assert fast.plan.total_utilization == first.plan.total_utilization
     assert fast.estimate_json["est_samples_per_sec"] == first.estimate_json["est_samples_per_sec"]
-    again = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d, reuse_by_source=False)
+    again = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d, reuse_by_source=False)
     assert again.cache_hit and again.directory == first.directory and again.program is not None
     m.note = "a new attribute changes the source key, not the graph"
-    same_graph = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d)
+    same_graph = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d)
     assert same_graph.cache_hit and same_graph.program is not None  # captured, then found by compile key
-    fast_again = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d)
+    fast_again = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d)
     assert fast_again.cache_hit and fast_again.program is None  # its source key was recorded
 
     # A changed hyperparameter or a changed graph compiles anew.
     other_opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.5)
-    hp = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=other_opt, model_dir=d)
+    hp = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=other_opt, model_dir=d)
     assert not hp.cache_hit and hp.directory != first.directory
-    deeper = MLP(depth=3)
-    graph = compile_only(deeper, MLP.batch(), settings=SETTINGS, optimizer=_adam(deeper), model_dir=d, reuse_by_source=False)
+    deeper = DeepMLP(depth=3)
+    graph = compile_only(deeper, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(deeper), model_dir=d, reuse_by_source=False)
     assert not graph.cache_hit and graph.directory not in (first.directory, hp.directory)
 
     # A half-written directory (no marker, truncated program) is rebuilt, never reused.
@@ -128,7 +129,7 @@ def test_cache_hit_miss_and_half_written(tmp_path) -> None:  # noqa: ANN001
         f.truncate(100)
     with pytest.raises(UnsafeProgram, match="not a complete compile directory"):
         load_program(first.directory)
-    rebuilt = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d)
+    rebuilt = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=d)
     assert rebuilt.ok and not rebuilt.cache_hit and rebuilt.directory == first.directory
     load_program(rebuilt.directory)
     assert not [e for e in os.listdir(d) if e.startswith(".")]  # no temp dirs left behind
@@ -140,8 +141,8 @@ class _Evil:
 
 
 def test_program_loads_weights_only_and_crafted_archive_refused(tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    m = MLP()
-    r = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path))
+    m = DeepMLP()
+    r = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path))
 
     class NoFullUnpickling(pickle.Unpickler):
         def __init__(self, *a, **k) -> None:  # noqa: ANN002, ANN003
@@ -201,11 +202,11 @@ def _evil_pickle() -> bytes:
 
 def test_validate_only_messages_and_exit_codes(tmp_path) -> None:  # noqa: ANN001
     con, buf = console()
-    ok = validate_only(MLP(), MLP.batch(), settings=SETTINGS, console=con)
+    ok = validate_only(DeepMLP(), DeepMLP.batch(), settings=SETTINGS, console=con)
     assert ok.ok and exit_code(ok) == 0 and ok.plan is None and ok.directory is None
     assert buf.getvalue().splitlines()[0] == MSG_COMPILING and "Validation completed successfully!" in buf.getvalue()
     con, buf = console()
-    bad = validate_only(MLP(), MLP.batch(), settings=CompileSettings(grad_accum_steps=3), console=con)
+    bad = validate_only(DeepMLP(), DeepMLP.batch(), settings=CompileSettings(grad_accum_steps=3), console=con)
     assert exit_code(bad) == 1 and buf.getvalue().rstrip().endswith(MSG_FAILED)
     assert "Gradient Accumulation not supported on CS workflow." in buf.getvalue()
     assert not os.listdir(tmp_path)
@@ -213,8 +214,8 @@ def test_validate_only_messages_and_exit_codes(tmp_path) -> None:  # noqa: ANN00
 
 def test_archive_with_opaque_or_unknown_entries_refused(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("CSRUN_EVIL_MARKER", str(tmp_path / "pwned"))
-    m = MLP()
-    r = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path))
+    m = DeepMLP()
+    r = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path))
     src = os.path.join(r.directory, "program.pt2")
     for extra, why in (("data/constants/opaque_obj_0", "opaque"), ("data/constants/custom_obj_0", "custom"),
                        ("code/payload.py", "unexpected entry")):
@@ -230,10 +231,10 @@ def test_archive_with_opaque_or_unknown_entries_refused(tmp_path, monkeypatch) -
 
 
 def test_bind_weights_checks_shapes(tmp_path) -> None:  # noqa: ANN001
-    m = MLP()
-    r = compile_only(m, MLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path))
+    m = DeepMLP()
+    r = compile_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=_adam(m), model_dir=str(tmp_path))
     program, _ = load_program(r.directory)
-    wrong = dict(MLP(hidden=8).state_dict())
+    wrong = dict(DeepMLP(hidden=8).state_dict())
     with pytest.raises(ValueError, match="body.0.weight"):
         bind_weights(program, wrong)
     with pytest.raises(KeyError):

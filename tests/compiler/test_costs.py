@@ -10,7 +10,7 @@ from csrun.compiler.costs import layer_costs
 from csrun.compiler.errors import ConfigError
 from csrun.compiler.placement import place
 
-from .tiny_models import MLP, TinyGPT
+from tests.tiny_models import DeepMLP, TinyGPT
 
 
 def _costs(model, batch, settings):  # noqa: ANN001, ANN202
@@ -20,8 +20,8 @@ def _costs(model, batch, settings):  # noqa: ANN001, ANN202
 
 
 def test_linear_flops_bytes_and_state() -> None:
-    m = MLP(d_in=16, hidden=32, depth=2, classes=4)
-    costs, r = _costs(m, MLP.batch(8), CompileSettings(optimizer=None, mixed_precision=True))
+    m = DeepMLP(d_in=16, hidden=32, depth=2, classes=4)
+    costs, r = _costs(m, DeepMLP.batch(8), CompileSettings(optimizer=None, mixed_precision=True))
     assert costs["body.0"].forward_flops == 2 * 16 * 32 + 32
     assert costs["head"].forward_flops == 2 * 32 * 4 + 4
     assert costs["body.0"].params == 16 * 32 + 32 and costs["body.0"].weight_bytes == 4 * (16 * 32 + 32)
@@ -67,6 +67,8 @@ def test_a_tied_weight_counts_once() -> None:
     """torch.export gives each name of a tied weight its own placeholder; the costs count the tensor once."""
 
     class Tied(torch.nn.Module):
+        """An embedding tied to the head around an untied layer: this test's counts are its sizes."""
+
         def __init__(self) -> None:
             super().__init__()
             self.emb = torch.nn.Embedding(100, 16)

@@ -13,6 +13,8 @@ from csrun.compiler.errors import LRSchedulerNotSupported
 from csrun.compiler.lr_schedulers import check_scheduler, learning_rate_of
 from csrun.program.schedules import build_schedule
 
+from .helpers import LR_SCHEDULERS
+
 BASE = 0.1
 STEPS = 50
 
@@ -21,25 +23,10 @@ def _opt() -> torch.optim.Optimizer:
     return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=BASE, momentum=0.9)
 
 
-CASES: dict[str, Callable[[torch.optim.Optimizer], Any]] = {
-    "StepLR": lambda o: S.StepLR(o, step_size=7, gamma=0.5),
-    "MultiStepLR": lambda o: S.MultiStepLR(o, milestones=[5, 12, 12, 30], gamma=0.3),
-    "ExponentialLR": lambda o: S.ExponentialLR(o, gamma=0.93),
-    "LinearLR": lambda o: S.LinearLR(o, start_factor=0.25, end_factor=1.0, total_iters=20),
-    "ConstantLR": lambda o: S.ConstantLR(o, factor=0.5, total_iters=9),
-    "CosineAnnealingLR": lambda o: S.CosineAnnealingLR(o, T_max=15, eta_min=0.001),
-    "PolynomialLR": lambda o: S.PolynomialLR(o, total_iters=40, power=2.0),
-    "SequentialLR": lambda o: S.SequentialLR(o, [S.LinearLR(o, start_factor=0.1, total_iters=10),
-                                                 S.CosineAnnealingLR(o, T_max=30)], milestones=[10]),
-    "ChainedScheduler": lambda o: S.ChainedScheduler([S.ConstantLR(o, factor=0.5, total_iters=6),
-                                                      S.ExponentialLR(o, gamma=0.95)]),
-}
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(LR_SCHEDULERS))
 def test_device_schedule_equals_eager_torch_at_every_step(name: str) -> None:
     opt = _opt()
-    scheduler = CASES[name](opt)
+    scheduler = LR_SCHEDULERS[name](opt)
     schedule = build_schedule(learning_rate_of(scheduler))
     eager = []
     for _ in range(STEPS):

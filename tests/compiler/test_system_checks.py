@@ -16,8 +16,9 @@ from csrun.compiler.errors import (
 )
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec
 
+from tests.tiny_models import DeepMLP
+
 from .helpers import SETTINGS, here, line_of, same_file
-from .tiny_models import MLP
 
 
 def _only(result, cls):  # noqa: ANN001, ANN202
@@ -26,9 +27,9 @@ def _only(result, cls):  # noqa: ANN001, ANN202
 
 
 def test_unsupported_torch_optimizer_named_at_the_call() -> None:
-    m = MLP()
+    m = DeepMLP()
     opt = torch.optim.LBFGS(m.parameters())
-    r, line = validate_only(m, MLP.batch(), settings=SETTINGS, optimizer=opt), here()
+    r, line = validate_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=opt), here()
     p = _only(r, UnsupportedOptimizer)
     assert same_file(p.filename, __file__) and p.lineno == line
     assert "LBFGS" in p.render() and "sgd, adam, adamw" in p.render()
@@ -49,8 +50,8 @@ class Shampoo(torch.optim.Optimizer):
 
 
 def test_unsupported_custom_optimizer_named_at_its_class() -> None:
-    m = MLP()
-    r = validate_only(m, MLP.batch(), settings=SETTINGS, optimizer=Shampoo(m.parameters()))
+    m = DeepMLP()
+    r = validate_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=Shampoo(m.parameters()))
     p = _only(r, UnsupportedOptimizer)
     assert same_file(p.filename, __file__) and p.lineno == line_of(Shampoo, "class Shampoo")
 
@@ -81,10 +82,10 @@ class PreinitLamb(Lamb):
 
 
 def test_lazy_optimizer_state_named_at_the_line_that_creates_it() -> None:
-    m = MLP()
+    m = DeepMLP()
     before = [p.detach().clone() for p in m.parameters()]
     opt = Lamb(m.parameters())
-    r = validate_only(m, MLP.batch(), settings=SETTINGS, optimizer=opt)
+    r = validate_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=opt)
     p = _only(r, LazyOptimizerState)
     assert same_file(p.filename, __file__) and p.lineno == line_of(Lamb.step, "# LAZY")
     assert "__init__" in p.render() and "momentum" in p.render()
@@ -93,30 +94,30 @@ def test_lazy_optimizer_state_named_at_the_line_that_creates_it() -> None:
 
 
 def test_preinitialized_custom_optimizer_passes() -> None:
-    m = MLP()
-    r = validate_only(m, MLP.batch(), settings=SETTINGS, optimizer=PreinitLamb(m.parameters()))
+    m = DeepMLP()
+    r = validate_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=PreinitLamb(m.parameters()))
     assert r.ok, [p.render() for p in r.problems]
     assert r.spec.optimizer.type == "lamb"
 
 
 def test_lr_scheduler_attached_or_passed() -> None:
-    m = MLP()
+    m = DeepMLP()
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
-    r, line = validate_only(m, MLP.batch(), settings=SETTINGS, optimizer=opt), here()
+    r, line = validate_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=opt), here()
     p = _only(r, LRSchedulerNotSupported)
     assert same_file(p.filename, __file__) and p.lineno == line
     assert "global step" in p.render()
-    r2 = validate_only(m, MLP.batch(), settings=SETTINGS, optimizer=opt, lr_schedulers=[sched])
+    r2 = validate_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=opt, lr_schedulers=[sched])
     assert not any(isinstance(q, LRSchedulerNotSupported) for q in r2.problems)  # handed over: the device runs it
     lam = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-    r3 = validate_only(m, MLP.batch(), settings=SETTINGS, optimizer=opt, lr_schedulers=[sched, lam])
+    r3 = validate_only(m, DeepMLP.batch(), settings=SETTINGS, optimizer=opt, lr_schedulers=[sched, lam])
     assert "LambdaLR" in _only(r3, LRSchedulerNotSupported).render()
 
 
 def test_grad_accum_and_train_and_eval_refused_together() -> None:
     settings = CompileSettings(mode="train_and_eval", grad_accum_steps=4, learning_rate=0.1)
-    r, line = validate_only(MLP(), MLP.batch(), settings=settings), here()
+    r, line = validate_only(DeepMLP(), DeepMLP.batch(), settings=settings), here()
     kinds = [type(p) for p in r.problems]
     assert kinds == [TrainAndEvalNotSupported, GradAccumNotSupported]
     assert all(same_file(p.filename, __file__) and p.lineno == line for p in r.problems)
@@ -126,8 +127,8 @@ def test_grad_accum_and_train_and_eval_refused_together() -> None:
 
 
 def test_half_weights_refused_under_mixed_precision() -> None:
-    m = MLP().half()
-    b = {k: (v.half() if v.is_floating_point() else v) for k, v in MLP.batch().items()}
+    m = DeepMLP().half()
+    b = {k: (v.half() if v.is_floating_point() else v) for k, v in DeepMLP.batch().items()}
     r, line = validate_only(m, b, settings=SETTINGS), here()
     p = _only(r, WeightsNotFloat32)
     assert same_file(p.filename, __file__) and p.lineno == line
@@ -137,19 +138,19 @@ def test_half_weights_refused_under_mixed_precision() -> None:
 def test_short_last_batch_refused() -> None:
     ds = TensorDataset(torch.randn(10, 16), torch.randint(0, 4, (10,)))
     dl = DataLoader(ds, batch_size=4, drop_last=False)
-    r, line = validate_only(MLP(), MLP.batch(4), settings=SETTINGS, dataloader=dl), here()
+    r, line = validate_only(DeepMLP(), DeepMLP.batch(4), settings=SETTINGS, dataloader=dl), here()
     p = _only(r, ShortLastBatch)
     assert same_file(p.filename, __file__) and p.lineno == line
     assert "drop_last must be set to True" in p.render() and "last batch of 2" in p.render()
-    ok = validate_only(MLP(), MLP.batch(4), settings=SETTINGS, dataloader=DataLoader(ds, batch_size=4, drop_last=True))
+    ok = validate_only(DeepMLP(), DeepMLP.batch(4), settings=SETTINGS, dataloader=DataLoader(ds, batch_size=4, drop_last=True))
     assert ok.ok
 
 
 def test_changed_batch_shape_refused() -> None:
-    r = validate_only(MLP(), MLP.batch(8), settings=SETTINGS)
-    check_batch(MLP.batch(8), r.spec)
+    r = validate_only(DeepMLP(), DeepMLP.batch(8), settings=SETTINGS)
+    check_batch(DeepMLP.batch(8), r.spec)
     with pytest.raises(ShapeChanged) as info:
-        line = here(); check_batch(MLP.batch(5), r.spec)  # noqa: E702
+        line = here(); check_batch(DeepMLP.batch(5), r.spec)  # noqa: E702
     assert same_file(info.value.filename, __file__) and info.value.lineno == line
     assert "float32[8, 16], got float32[5, 16]" in str(info.value) and "drop_last=True" in str(info.value)
     with pytest.raises(ShapeChanged):
@@ -157,14 +158,14 @@ def test_changed_batch_shape_refused() -> None:
 
 
 def test_several_check_problems_together_with_capture_problems() -> None:
-    class Bad(MLP):
+    class Bad(DeepMLP):
         def forward(self, batch):  # noqa: ANN001, ANN202
             loss = super().forward(batch)
             print(loss)  # BAD-PRINT
             return loss
 
     m = Bad()
-    r = validate_only(m, MLP.batch(), settings=CompileSettings(grad_accum_steps=2),
+    r = validate_only(m, DeepMLP.batch(), settings=CompileSettings(grad_accum_steps=2),
                       optimizer=torch.optim.LBFGS(m.parameters()))
     kinds = [type(p).__name__ for p in r.problems]
     assert kinds == ["GradAccumNotSupported", "UnsupportedOptimizer", "TensorToScalar"]
@@ -178,7 +179,7 @@ def test_compile_flags() -> None:
 
 
 def test_optimizer_spec_from_torch_groups() -> None:
-    m = MLP()
+    m = DeepMLP()
     decay = [p for n, p in m.named_parameters() if n.endswith("weight")]
     no_decay = [p for n, p in m.named_parameters() if n.endswith("bias")]
     opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-4, weight_decay=0.01)

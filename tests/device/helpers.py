@@ -12,25 +12,24 @@ from torch.utils.data import DataLoader, TensorDataset
 import csrun.torch as cbtorch
 from csrun.compiler import CompileSettings
 from csrun.torch import process_state as state_mod
+from tests.tiny_models import MLP
 
 FORWARD_CALLS = [0]
-"""Times the Python forward of :class:`MLP` ran (a side effect the device must do once)."""
+"""Times the Python forward of :class:`CountingMLP` ran (a side effect the device must do once)."""
 
 WARMUP = {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 0.2, "steps": 10}
 
 
-class MLP(nn.Module):
-    """forward(batch) -> loss, as the device wants it."""
+class CountingMLP(MLP):
+    """The shared (6, 16, 3) MLP, forward(batch) -> loss as the device wants it, counting its
+    Python forward calls in :data:`FORWARD_CALLS`."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(6, 16)
-        self.l2 = nn.Linear(16, 3)
+        super().__init__(6, 16, 3)
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         FORWARD_CALLS[0] += 1
-        x, y = batch
-        return nn.functional.cross_entropy(self.l2(torch.tanh(self.l1(x))), y)
+        return super().forward(batch)
 
 
 def dataset(n: int = 160) -> TensorDataset:
@@ -72,7 +71,7 @@ def train(cs_ip: str | None, *, steps: int, model_dir: str, make_opt: Callable[[
         state_mod.reset_for_tests()
     torch.manual_seed(seed)
     cbtorch.initialize(cs_ip, settings=compile_settings or settings(), model_dir=model_dir)
-    model = cbtorch.module(MLP())
+    model = cbtorch.module(CountingMLP())
     opt = cbtorch.optimizer(make_opt(model.parameters()))
     loader = cbtorch.dataloader(DataLoader(dataset(), batch_size=8, drop_last=True))
     if start is not None:

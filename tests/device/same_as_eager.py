@@ -1,5 +1,6 @@
 """The same loop on the CPU path (eager PyTorch) and on the device, compared bit for bit: the
-models, data and harness of the issue-30 tests (tests/device/test_no_silent_difference*.py)."""
+models, data and harness of the issue-30 tests (tests/device/test_no_silent_difference*.py).
+The two models here are shaped for those tests; the plain ones are tests/tiny_models.py's."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def found(exc: BaseException, cls: type[BaseException]) -> BaseException | None:
 
 
 class Stack(nn.Sequential):
-    """Linear layers with tanh between them; ``model[i]`` is layer i (param groups by layer)."""
+    """Linear layers with tanh between them; ``model[i]`` is layer i. Shaped for this harness's
+    tests: optimizers whose param groups are built layer by layer."""
 
     def __init__(self, *widths: int) -> None:
         super().__init__(*(nn.Linear(a, b) for a, b in zip(widths, widths[1:])))
@@ -68,19 +70,9 @@ class Stack(nn.Sequential):
         return x
 
 
-class BNNet(nn.Module):
-    """A classifier with BatchNorm1d (buffers the forward updates)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.bn, self.fc2 = nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.bn(self.fc1(x))))
-
-
 class Switch(nn.Module):
-    """Two heads; the Python attribute ``use_b`` picks one."""
+    """Two heads; the Python attribute ``use_b`` picks one. Shaped for this harness's tests of
+    Python state the forward reads (and, subclassed, changes)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -13,7 +13,7 @@ from csrun.emulator.errors import DeviceTensorReadError
 from csrun.driver.steps import GradientAccumulation, StepOrderError
 
 from . import helpers
-from .helpers import MLP, dataset, settings, sgd, train
+from .helpers import CountingMLP, dataset, settings, sgd, train
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 def setup(model_dir: str, cs_ip: str | None = "embedded"):
     cbtorch.initialize(cs_ip, settings=settings(), model_dir=model_dir)
     torch.manual_seed(1)
-    model = cbtorch.module(MLP())
+    model = cbtorch.module(CountingMLP())
     opt = cbtorch.optimizer(sgd(model.parameters()))
     loader = cbtorch.dataloader(DataLoader(dataset(), batch_size=8, drop_last=True))
     return model, opt, loader
@@ -130,7 +130,7 @@ def test_eval_after_training_uses_the_trained_weights(model_dir: str) -> None:
             if i == 2:
                 break
     assert cbtorch.compile_info().mode == "eval" and cbtorch.global_step() == 5
-    reference = MLP()
+    reference = CountingMLP()
     reference.load_state_dict(trained["model"])
     with torch.no_grad():
         want = [reference(b).item() for b, _ in zip(DataLoader(dataset(), batch_size=8), range(3))]
@@ -139,7 +139,7 @@ def test_eval_after_training_uses_the_trained_weights(model_dir: str) -> None:
     # a fresh run evaluating a checkpoint: set_state before the eval program exists
     cbtorch.initialize("embedded", settings=settings(), model_dir=model_dir)
     torch.manual_seed(99)
-    model = cbtorch.module(MLP())
+    model = cbtorch.module(CountingMLP())
     cbtorch.set_state(trained)
     again: list[float] = []
     eval_loader = cbtorch.dataloader(DataLoader(dataset(), batch_size=8, drop_last=True))
@@ -155,7 +155,7 @@ def test_eval_after_training_uses_the_trained_weights(model_dir: str) -> None:
 def test_validate_only_stops_after_the_first_step_with_exit_status_0(model_dir: str, capsys) -> None:
     """The whole first step is recorded, then validated at its boundary; the second never runs."""
     cbtorch.initialize(validate_only=True, settings=settings(), model_dir=model_dir)
-    model = cbtorch.module(MLP())
+    model = cbtorch.module(CountingMLP())
     cbtorch.optimizer(sgd(model.parameters()))
     loader = cbtorch.dataloader(DataLoader(dataset(), batch_size=8, drop_last=True))
     steps = 0
@@ -189,7 +189,7 @@ def test_the_next_batch_is_fetched_before_the_closures_which_see_their_own_step(
     events: list[tuple] = []
     cbtorch.initialize(cs_ip, settings=settings(), model_dir=model_dir)
     torch.manual_seed(1)
-    model = cbtorch.module(MLP())
+    model = cbtorch.module(CountingMLP())
     opt = cbtorch.optimizer(sgd(model.parameters()))
     loader = cbtorch.dataloader(DataLoader(_Recording(events), batch_size=8, drop_last=True))
     with cbtorch.Session(loader, report=False):

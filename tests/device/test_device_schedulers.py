@@ -16,7 +16,7 @@ from csrun.compiler import CompileSettings
 from csrun.compiler.errors import LRSchedulerNotSupported
 from csrun.driver.steps import StepOrderError
 from csrun.torch import process_state as state_mod
-from tests.compiler.test_lr_schedulers import CASES
+from tests.compiler.helpers import LR_SCHEDULERS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,9 +67,9 @@ def eager_lrs(make: Callable[[Any], Any]) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(LR_SCHEDULERS))
 def test_device_learning_rate_equals_eager_torch_at_every_step(tmp_path: Path, name: str) -> None:
-    make = CASES[name]
+    make = LR_SCHEDULERS[name]
     lrs, weight = run("embedded", str(tmp_path / "dev"), make)
     assert lrs == pytest.approx(eager_lrs(make), rel=1e-6, abs=1e-12)
     _, cpu_weight = run(None, str(tmp_path / "cpu"), make)
@@ -77,7 +77,7 @@ def test_device_learning_rate_equals_eager_torch_at_every_step(tmp_path: Path, n
 
 
 def test_a_scheduler_built_before_wrapping_counts_too(tmp_path: Path) -> None:
-    make = CASES["StepLR"]
+    make = LR_SCHEDULERS["StepLR"]
     lrs, _ = run("embedded", str(tmp_path), make, before_wrap=True)
     assert lrs == pytest.approx(eager_lrs(make), rel=1e-6)
 
@@ -99,7 +99,7 @@ def test_schedulers_the_device_cannot_run_are_refused_when_built(tmp_path: Path,
 ])
 def test_scheduler_steps_are_checked_for_order(tmp_path: Path, misuse: Callable[[Any, Any], None], match: str) -> None:
     with pytest.raises(StepOrderError, match=match):
-        run("embedded", str(tmp_path), CASES["ExponentialLR"], step_scheduler=misuse)
+        run("embedded", str(tmp_path), LR_SCHEDULERS["ExponentialLR"], step_scheduler=misuse)
 
 
 def test_a_scheduler_step_before_the_optimizer_step_is_refused(tmp_path: Path) -> None:

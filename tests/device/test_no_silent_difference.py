@@ -37,8 +37,9 @@ from csrun.program import optimizer_classes as engine_optimizers  # noqa: E402
 from csrun.pytorch import backends as cstorch_backend  # noqa: E402
 from csrun.torch import process_state as state_mod  # noqa: E402
 
+from tests.tiny_models import Classifier  # noqa: E402
 from .same_as_eager import (  # noqa: E402
-    F32, MARKS, STEPS, BNNet, Marks, Run, Stack, Switch, assert_bitwise, both, data, found, keep, plain_step, run,
+    F32, MARKS, STEPS, Marks, Run, Stack, Switch, assert_bitwise, both, data, found, keep, plain_step, run,
     snapshot, two_sgd_groups,
 )
 
@@ -286,7 +287,7 @@ def test_a_forward_after_the_update_sees_the_new_weights(tmp_path: Path, eval_mo
         keep(out.losses, loss)
         keep(out.values, val)
 
-    cpu, dev = both(tmp_path, body, model=BNNet)
+    cpu, dev = both(tmp_path, body, model=lambda: Classifier(batch_norm=True))
     assert_bitwise(cpu, dev)
     assert dev.values != dev.losses  # the second forward saw other weights
     tracked = dev.state["bn.num_batches_tracked"].item()

@@ -12,29 +12,17 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import csrun.torch as cbtorch
 from csrun.stream.errors import BatchError
+from tests.tiny_models import MLP
 
 from .helpers import settings
 
 pytestmark = pytest.mark.timeout(120)
 
 BATCH, STEPS, WIDTH = 256, 6, 784
-
-
-class Net(nn.Module):
-    """784-256-10 MLP; forward(batch) returns the loss."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(WIDTH, 256), nn.ReLU(), nn.Linear(256, 10))
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
 
 
 def _data() -> TensorDataset:
@@ -62,7 +50,7 @@ def _train(cs_ip: str | None, model_dir: str, *, through_numpy: bool = True) -> 
     """Weights after STEPS steps, and the labels each step's closure saw."""
     cbtorch.initialize(cs_ip, settings=settings(), model_dir=model_dir)
     torch.manual_seed(0)
-    model = cbtorch.module(Net())
+    model = cbtorch.module(MLP(WIDTH, 256, 10, activation="relu"))
     opt = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     loader = cbtorch.dataloader(_refilling_loader(through_numpy))
     seen: list[torch.Tensor] = []

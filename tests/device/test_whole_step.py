@@ -3,8 +3,6 @@ outputs, two calls per step, state read through the torch objects, a changed ste
 
 from __future__ import annotations
 
-import dataclasses
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,22 +16,11 @@ from csrun.compiler import CompileSettings
 from csrun.driver.step_values import StepChanged
 from csrun.emulator.errors import DeviceTensorReadError
 from csrun.torch import process_state as state_mod
+from tests.tiny_models import Classifier, KeywordLM, TwoHeads
 
 pytestmark = pytest.mark.timeout(120)
 
 STEPS = 30
-
-
-class Net(nn.Module):
-    """A classifier whose forward returns logits: the loss is the loop's business."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(6, 16)
-        self.fc2 = nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
 
 
 def data(n: int = 8 * STEPS) -> TensorDataset:
@@ -48,7 +35,7 @@ def typical_loop(cs_ip: str | None, model_dir: str, *, steps: int = STEPS,
     state_mod.reset_for_tests()
     torch.manual_seed(1)
     cbtorch.initialize(cs_ip, settings=CompileSettings(mixed_precision=False), model_dir=model_dir)
-    model = cbtorch.module(Net())
+    model = cbtorch.module(Classifier())
     optimizer = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     dataloader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
     loss_fn = nn.CrossEntropyLoss()
@@ -122,33 +109,6 @@ def test_load_state_dict_between_sessions_reaches_the_device(tmp_path: Path) -> 
     assert seen == pytest.approx([float(torch.log(torch.tensor(3.0)))], rel=1e-6)  # zero weights: uniform
 
 
-@dataclasses.dataclass
-class Output(OrderedDict):
-    """Hugging Face's ModelOutput shape: a dataclass that is also an OrderedDict."""
-
-    loss: Any = None
-    logits: Any = None
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if getattr(self, f.name) is not None:
-                self[f.name] = getattr(self, f.name)
-
-
-class KeywordLM(nn.Module):
-    """Called as model(input_ids=..., labels=...), returns Output(loss, logits)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(11, 8)
-        self.head = nn.Linear(8, 11)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Output:
-        logits = self.head(self.emb(input_ids))
-        loss = None if labels is None else nn.functional.cross_entropy(logits.reshape(-1, 11), labels.reshape(-1))
-        return Output(loss=loss, logits=logits)
-
-
 class TokenData(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 64
@@ -183,18 +143,6 @@ def test_keyword_calls_with_a_dataclass_output(tmp_path: Path) -> None:
     assert len(dev) == 16 and dev == pytest.approx(cpu, abs=1e-6)
 
 
-class TwoHeads(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(6, 8)
-        self.cls = nn.Linear(8, 3)
-        self.reg = nn.Linear(8, 1)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = torch.tanh(self.body(x))
-        return self.cls(h), self.reg(h).squeeze(-1)
-
-
 def two_heads_run(cs_ip: str | None, model_dir: str) -> list[float]:
     state_mod.reset_for_tests()
     torch.manual_seed(3)
@@ -226,7 +174,7 @@ def test_two_outputs_and_two_calls_in_one_step(tmp_path: Path) -> None:
 def test_a_changed_step_is_refused_naming_the_line(tmp_path: Path, change: str) -> None:
     state_mod.reset_for_tests()
     cbtorch.initialize("embedded", settings=CompileSettings(mixed_precision=False), model_dir=str(tmp_path))
-    model = cbtorch.module(Net())
+    model = cbtorch.module(Classifier())
     optimizer = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
     with pytest.raises(StepChanged) as info:
@@ -253,7 +201,7 @@ def test_a_changed_step_is_refused_naming_the_line(tmp_path: Path, change: str) 
 def test_step_outputs_outside_closures_give_the_hint(tmp_path: Path, use: Callable[[Any], Any]) -> None:
     state_mod.reset_for_tests()
     cbtorch.initialize("embedded", settings=CompileSettings(mixed_precision=False), model_dir=str(tmp_path))
-    model = cbtorch.module(Net())
+    model = cbtorch.module(Classifier())
     optimizer = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
     kept: list[Any] = []

@@ -8,7 +8,6 @@ from typing import Callable
 
 import pytest
 import torch
-from torch import nn
 
 from csrun.compiler.settings import CompileSettings
 from csrun.driver.closures import StepClosure
@@ -18,19 +17,9 @@ from csrun.driver.run_path import RunPath
 from csrun.driver.step_values import StepValue, in_closure
 from csrun.driver.steps import StepOrderError
 from csrun.stream.source import EPOCH_END
+from tests.tiny_models import LinearClassifier
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.cross_entropy(self.fc(x), y)
 
 
 def batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +37,7 @@ def driver(tmp_path: Path):
 
 
 def eager_losses(steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-    model = Tiny()
+    model = LinearClassifier(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for i in range(steps):
@@ -61,7 +50,7 @@ def eager_losses(steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
 
 
 def test_train_then_eval_on_the_embedded_emulator(driver: DeviceDriver) -> None:
-    model = driver.prepare_module(Tiny())
+    model = driver.prepare_module(LinearClassifier(seed=0))
     opt = driver.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     seen: list[float] = []
     driver.begin_session("train")
@@ -87,14 +76,14 @@ def test_train_then_eval_on_the_embedded_emulator(driver: DeviceDriver) -> None:
     driver.end_session(failed=False)
     assert driver.loaded.mode == "eval" and driver.global_step() == 3
     with torch.no_grad():
-        reference = Tiny()
+        reference = LinearClassifier(seed=0)
         reference.load_state_dict(weights)
         assert seen[-1] == pytest.approx(float(reference(batch(0))), rel=1e-5)
 
 
 def test_the_step_boundary_sends_the_step_fetches_runs_its_closures_then_opens_the_next(
         driver: DeviceDriver) -> None:
-    model = driver.prepare_module(Tiny())
+    model = driver.prepare_module(LinearClassifier(seed=0))
     opt = driver.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     driver.begin_session("train")
     events: list[tuple[str, object]] = []
@@ -123,9 +112,9 @@ def test_the_step_boundary_sends_the_step_fetches_runs_its_closures_then_opens_t
 
 
 def test_a_state_set_before_the_first_step_waits_as_pending(driver: DeviceDriver) -> None:
-    model = driver.prepare_module(Tiny())
+    model = driver.prepare_module(LinearClassifier(seed=0))
     opt = driver.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    start = {"model": {k: torch.zeros_like(v) for k, v in Tiny().state_dict().items()},
+    start = {"model": {k: torch.zeros_like(v) for k, v in LinearClassifier(seed=0).state_dict().items()},
              "optimizer": {}, "amp": {}, "global_step": 5}
     driver.set_state(start, strict=True, load_optimizer=False)
     assert isinstance(driver.pending, PendingState) and driver.loaded is None
@@ -141,7 +130,7 @@ def test_a_state_set_before_the_first_step_waits_as_pending(driver: DeviceDriver
 
 
 def test_misuse_is_named(driver: DeviceDriver) -> None:
-    model = driver.prepare_module(Tiny())
+    model = driver.prepare_module(LinearClassifier(seed=0))
     opt = driver.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     driver.begin_session("train")
     model(batch(0))

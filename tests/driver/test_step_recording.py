@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections import OrderedDict
 from typing import Any, Callable
 
 import pytest
@@ -14,9 +12,13 @@ import torch.nn.functional as F
 from csrun.driver.step_recording import StepRecorder
 from csrun.driver.step_values import StepChanged, StepValue, ValueNotKept, in_closure
 from csrun.emulator.errors import DeviceTensorReadError
+from tests.tiny_models import KeywordLM, Output, TwoHeads
 
 
 class MLP(nn.Module):
+    """Batch norm then a linear layer, seeded: shaped for these tests, which read its running
+    statistics (a recording must leave buffers alone) and its ``fc`` gradients."""
+
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
@@ -25,32 +27,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.norm(x))
-
-
-@dataclasses.dataclass
-class Output(OrderedDict):
-    """Shaped like Hugging Face's ModelOutput: a dataclass and an OrderedDict."""
-
-    loss: Any = None
-    logits: Any = None
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if getattr(self, f.name) is not None:
-                self[f.name] = getattr(self, f.name)
-
-
-class KeywordModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        self.emb = nn.Embedding(20, 8)
-        self.head = nn.Linear(8, 20)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Output:
-        logits = self.head(self.emb(input_ids))
-        loss = F.cross_entropy(logits.reshape(-1, 20), labels.reshape(-1)) if labels is not None else None
-        return Output(loss=loss, logits=logits)
 
 
 def _call(recorder: StepRecorder, model: nn.Module) -> Callable[..., Any]:
@@ -120,7 +96,7 @@ def test_recording_leaves_buffers_and_rng_alone() -> None:
 
 
 def test_keyword_calls_and_a_dataclass_output() -> None:
-    model = KeywordModel()
+    model = KeywordLM(20, seed=1)
     recorder = StepRecorder()
     g = torch.Generator().manual_seed(2)
     batch = {"input_ids": torch.randint(0, 20, (4, 6), generator=g), "labels": torch.randint(0, 20, (4, 6), generator=g)}
@@ -130,22 +106,12 @@ def test_keyword_calls_and_a_dataclass_output() -> None:
     out.loss.backward()
     recording, state = recorder.end()
     replayed = _export_and_run(model, recording, state.inputs)
-    eager = KeywordModel()(**batch)
+    eager = KeywordLM(20, seed=1)(**batch)
     assert torch.equal(replayed["loss"].detach(), eager.loss.detach())
 
 
 def test_two_outputs_combined_and_a_model_called_twice() -> None:
-    class TwoHeads(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(3)
-            self.a = nn.Linear(10, 3)
-            self.b = nn.Linear(10, 1)
-
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.a(x), self.b(x)
-
-    model = TwoHeads()
+    model = TwoHeads(10, seed=3)
     recorder = StepRecorder()
     batch = _batch()
     x, y = recorder.begin(batch, 1)
@@ -157,8 +123,8 @@ def test_two_outputs_combined_and_a_model_called_twice() -> None:
     recording, state = recorder.end()
     assert sum(1 for e in recording.entries if e.func is None) == 2
     replayed = _export_and_run(model, recording, state.inputs)
-    a, s = TwoHeads()(batch[0])
-    a2, _ = TwoHeads()(batch[0] * 2)
+    a, s = TwoHeads(10, seed=3)(batch[0])
+    a2, _ = TwoHeads(10, seed=3)(batch[0] * 2)
     eager = F.cross_entropy(a, batch[1]) + 0.5 * s.pow(2).mean() + 0.1 * F.cross_entropy(a2, batch[1])
     assert torch.allclose(replayed["loss"], eager, rtol=0, atol=1e-6)
 

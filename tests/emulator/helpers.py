@@ -1,4 +1,5 @@
-"""Small models, programs and an eager reference loop for the emulator tests."""
+"""Programs, specs, engines and an eager reference loop for the emulator tests (the models are
+tests/tiny_models.py's)."""
 
 from __future__ import annotations
 
@@ -10,50 +11,6 @@ from torch import nn
 
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
 from csrun.emulator.engine.executor import Engine
-
-
-class MLP(nn.Module):
-    """A two-layer classifier whose forward(batch) returns the loss."""
-
-    def __init__(self, d_in: int = 12, hidden: int = 24, classes: int = 5) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(d_in, hidden)
-        self.l2 = nn.Linear(hidden, classes)
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.cross_entropy(self.l2(torch.tanh(self.l1(x))), y)
-
-
-class TinyTransformer(nn.Module):
-    """One encoder layer over token embeddings, masked-LM style loss; returns (loss, logits)."""
-
-    def __init__(self, vocab: int = 32, d: int = 16, seq: int = 8) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.pos = nn.Parameter(torch.randn(seq, d) * 0.02)
-        self.enc = nn.TransformerEncoderLayer(d, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab)
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.enc(self.emb(batch["input_ids"]) + self.pos)
-        logits = self.head(self.norm(h))
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1))
-        return loss, logits
-
-
-def mlp_batches(n: int, *, seed: int = 0, bs: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``n`` random classification batches."""
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(bs, 12, generator=g), torch.randint(0, 5, (bs,), generator=g)) for _ in range(n)]
-
-
-def lm_batches(n: int, *, seed: int = 0, bs: int = 4) -> list[dict[str, torch.Tensor]]:
-    """``n`` random token batches."""
-    g = torch.Generator().manual_seed(seed)
-    return [{"input_ids": torch.randint(0, 32, (bs, 8), generator=g),
-             "labels": torch.randint(0, 32, (bs, 8), generator=g)} for _ in range(n)]
 
 
 def make_spec(**spec_kw: Any) -> ProgramSpec:
@@ -124,7 +81,7 @@ def make_engine(model: nn.Module, batch: Any, precision: str, hp: dict[str, Any]
     return Engine(program, spec, notice=quiet)
 
 
-__all__ = ["MLP", "TinyTransformer", "mlp_batches", "lm_batches", "make_program", "make_spec", "eager_losses", "quiet", "make_engine", "raw_hello", "input_specs",
+__all__ = ["make_program", "make_spec", "eager_losses", "quiet", "make_engine", "raw_hello", "input_specs",
            "OptimizerSpec", "ProgramSpec", "LossScalingSpec", "adamw_no_bias_correction_per_tensor"]
 
 

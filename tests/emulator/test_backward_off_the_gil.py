@@ -28,7 +28,8 @@ import pytest
 import torch
 
 from csrun.emulator.engine.executor import Engine
-from tests.emulator.helpers import MLP, make_engine, mlp_batches
+from tests.emulator.helpers import make_engine
+from tests.tiny_models import MLP, mlp_batches
 
 HOLD_S = 20.0
 """How long the test thread holds the GIL at most (a bound for the failing case only)."""

@@ -9,7 +9,8 @@ from csrun.compiler.spec import LossScalingSpec, OptimizerSpec
 from csrun.emulator.embedded import EmbeddedDevice
 from csrun.emulator.engine.executor import Engine
 
-from .helpers import TinyTransformer, lm_batches, make_program, quiet
+from tests.tiny_models import TinyTransformer, lm_batches
+from .helpers import make_program, quiet
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 

@@ -13,6 +13,8 @@ from csrun.emulator.engine.executor import Engine, drop_metadata_asserts, retarg
 
 
 class CastsLogits(nn.Module):
+    """A forward that casts its logits to float32 (a cast under float16 autocast): shaped for the test below."""
+
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(8, 4)

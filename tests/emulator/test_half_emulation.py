@@ -23,8 +23,9 @@ from csrun.emulator.engine import half_emulation
 from csrun.emulator.engine.executor import Engine, drop_metadata_asserts
 from csrun.errors import ConfigError
 
+from tests.tiny_models import MLP, DropoutConvNet, SharedWeightMLP, TinyTransformer, conv_batches, lm_batches, mlp_batches
 from ..models.helpers import first_batch, load_module, load_params
-from .helpers import MLP, TinyTransformer, lm_batches, make_program, mlp_batches, quiet
+from .helpers import make_program, quiet
 
 TOLERANCE = 2.0**-9
 
@@ -169,13 +170,11 @@ def test_weights_stay_float32_masters(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_weight_only_16_bit_ops_read_is_read_through_its_leaf_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rewrite leaves no read of a master that nothing uses: the traced forward takes each
     weight once (its leaf), not the master too. A weight a float32 op reads as well keeps its read."""
-    from .test_scripted_update import Shared
-
     batches = mlp_batches(2)
     e = _engine(MLP(), batches[0], "rounding", monkeypatch)
     reads = {str(n.target) for n in e.module.graph.nodes if n.op == "get_attr"}
     assert e.half_weights is not None and reads == {f"{half_emulation.HalfWeights.PREFIX}{i}" for i in range(4)}
-    both = _engine(Shared(), batches[0], "rounding", monkeypatch)  # l1.weight read by a float32 op too
+    both = _engine(SharedWeightMLP(), batches[0], "rounding", monkeypatch)  # l1.weight read by a float32 op too
     reads = {str(n.target) for n in both.module.graph.nodes if n.op == "get_attr"}
     assert "l1.weight" in reads and "l2.weight" not in reads
     for b in batches:
@@ -212,8 +211,6 @@ def test_the_probe_on_zero_tensors_answers_as_on_fake_ones_and_touches_nothing(
     """A small program's autocast probe runs on real zero tensors (half_emulation.autocast_dtypes):
     every node's dtype is the fake-tensor probe's, no weight or buffer (batch norm's running
     statistics) changes, and the random generator (dropout) is where it was."""
-    from .test_traced_forward import ConvNet, conv_batches
-
     zero_runs: list[bool] = []
 
     class Spy(half_emulation._DtypeProbe):
@@ -224,7 +221,7 @@ def test_the_probe_on_zero_tensors_answers_as_on_fake_ones_and_touches_nothing(
     monkeypatch.setattr(half_emulation, "_DtypeProbe", Spy)
     torch.manual_seed(0)
     for model, batch in ((MLP(), mlp_batches(1)[0]), (TinyTransformer(), lm_batches(1)[0]),
-                         (ConvNet().train(), conv_batches(1)[0])):
+                         (DropoutConvNet().train(), conv_batches(1)[0])):
         module = _probe_module(model, batch)
         state = {k: v.clone() for k, v in module.state_dict().items()}
         rng = torch.random.get_rng_state()
@@ -265,6 +262,8 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 class _CallsCustom(torch.nn.Module):
+    """A forward through a custom op that records its calls: shaped for the probe test below."""
+
     def __init__(self) -> None:
         super().__init__()
         self.l1 = torch.nn.Linear(12, 5)

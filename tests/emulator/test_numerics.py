@@ -14,7 +14,8 @@ from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
 from csrun.emulator.remote.server import EmulatorServer
 
-from .helpers import MLP, TinyTransformer, eager_losses, lm_batches, make_program, mlp_batches
+from tests.tiny_models import MLP, TinyTransformer, lm_batches, mlp_batches
+from .helpers import eager_losses, make_program
 
 STEPS = 50
 TOKEN = "numerics-token"

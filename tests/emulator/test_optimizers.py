@@ -13,7 +13,8 @@ from csrun.emulator.engine.executor import Engine
 from csrun.program.errors import SpecError
 from csrun.program.optimizer_classes import OPTIMIZERS, build_optimizer
 
-from .helpers import MLP, adamw_no_bias_correction_per_tensor, make_program, make_spec, mlp_batches, quiet
+from tests.tiny_models import MLP, mlp_batches
+from .helpers import adamw_no_bias_correction_per_tensor, make_program, make_spec, quiet
 
 HP = {"sgd": {"momentum": 0.9, "weight_decay_rate": 0.01}, "rmsprop": {"momentum": 0.5}, "asgd": {"weight_decay": 0.01},
       "adamw": {"correct_bias": True}, "lamb": {"weight_decay_rate": 0.01}}

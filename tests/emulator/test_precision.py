@@ -13,7 +13,8 @@ from csrun.compiler.spec import OptimizerSpec
 from csrun.emulator.engine.executor import Engine
 from csrun.emulator.engine.precision import CB16_MAX, round_to_cbfloat16
 
-from .helpers import MLP, TinyTransformer, lm_batches, make_program, mlp_batches, quiet
+from tests.tiny_models import MLP, TinyTransformer, lm_batches, mlp_batches
+from .helpers import make_program, quiet
 
 
 def f32(bits: int) -> float:

@@ -8,25 +8,11 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from csrun.emulator.engine.executor import Engine
 from csrun.emulator.engine.lean_step import ScriptedUpdate, scripted_update
-from tests.emulator.helpers import MLP, make_engine, mlp_batches
-
-
-class Shared(nn.Module):
-    """Its first layer's weight is read by a 16-bit matmul and by a float32 op (a sum of squares)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(12, 24)
-        self.l2 = nn.Linear(24, 5)
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        penalty = (self.l1.weight.float() ** 2).sum() * 1e-3
-        return nn.functional.cross_entropy(self.l2(torch.relu(self.l1(x))), y) + penalty
+from tests.emulator.helpers import make_engine
+from tests.tiny_models import MLP, SharedWeightMLP, mlp_batches
 
 
 def _half_mlps(monkeypatch: pytest.MonkeyPatch, batches: int, engines: int) -> tuple[list[Any], list[Engine]]:
@@ -88,7 +74,7 @@ def test_weights_not_all_rounded_take_the_general_path(monkeypatch: pytest.Monke
     monkeypatch.setenv("CSRUN_HALF_EMULATION", "rounding")
     batches = mlp_batches(3)
     torch.manual_seed(0)
-    engine = make_engine(Shared(), batches[0], "float16", {"momentum": 0.9})
+    engine = make_engine(SharedWeightMLP(), batches[0], "float16", {"momentum": 0.9})
     assert engine.half_weights is not None and len(engine.half_weights.masters) < len(engine.params)
     assert engine._scripted_update is None
     for b in batches:

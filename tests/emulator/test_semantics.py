@@ -16,7 +16,8 @@ from csrun.emulator.errors import DeviceTensorReadError
 from csrun.program.errors import SpecError
 from csrun.program.errors import StepFailed
 
-from .helpers import MLP, input_specs, make_program, make_spec, mlp_batches, quiet
+from tests.tiny_models import MLP, mlp_batches
+from .helpers import input_specs, make_program, make_spec, quiet
 
 
 class Counting(MLP):
@@ -173,6 +174,8 @@ def test_eval_program_runs_forward_only() -> None:
 
 def test_extra_outputs_and_int32_inputs() -> None:
     class WithExtras(nn.Module):
+        """Returns an output beside the loss and takes integer labels: this test's shape."""
+
         def __init__(self) -> None:
             super().__init__()
             self.lin = nn.Linear(4, 3)

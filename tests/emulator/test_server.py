@@ -16,7 +16,6 @@ import textwrap
 import time
 import zipfile
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -27,28 +26,12 @@ from csrun.emulator.remote.errors import AuthenticationFailed, ProgramRejected, 
 from csrun.program.errors import SpecError
 from csrun.emulator.remote.program import load_program, save_program
 from csrun.emulator.remote.server import EmulatorServer
-from csrun.program.archive import import_reader
 
-from .helpers import MLP, make_program, mlp_batches, raw_hello
+from tests.emulator.conftest import TOKEN, addr, connect_when_free
+from tests.tiny_models import MLP, mlp_batches
+from .helpers import make_program, raw_hello
 
-TOKEN = "s3cret-token"
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture()
-def server(caplog: pytest.LogCaptureFixture) -> Iterator[EmulatorServer]:
-    caplog.set_level(logging.INFO, logger="csrun.emulator.remote.server")
-    # The server's warm-up imports the program reader on a thread of this process, where a test
-    # may be importing torch.export's circular modules itself (torch.export.export): imported
-    # here first, the warm-up finds it done. (A cs_emulator process imports nothing beside it.)
-    import_reader()
-    srv = EmulatorServer(token=TOKEN, port=0, limits=wire.Limits(max_header_bytes=64 << 10,
-                                                                  max_tensor_bytes=8 << 20))
-    srv.start()
-    yield srv
-    srv.shutdown()
-    # nothing may have escaped as an internal error
-    assert not [r for r in caplog.records if "internal error" in r.getMessage()], "server hit an internal error"
 
 
 @pytest.fixture(scope="module")
@@ -56,22 +39,6 @@ def program() -> tuple:
     batches = mlp_batches(6)
     ep, spec = make_program(MLP(), batches[0])
     return ep, spec, batches
-
-
-def addr(srv: EmulatorServer) -> str:
-    return f"127.0.0.1:{srv.address[1]}"
-
-
-def connect_when_free(srv: EmulatorServer, job: str, timeout: float = 15.0) -> RemoteDevice:
-    """Connect, retrying while the system is still busy with a departed client."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return RemoteDevice(addr(srv), TOKEN, job, connect_timeout=5)
-        except (SystemBusy, SystemUnreachable):  # busy, or connection slots still full after a flood
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def train_ok(srv: EmulatorServer, program: tuple, job: str = "good-job") -> None:
@@ -256,7 +223,8 @@ def test_state_round_trips_over_the_link(server: EmulatorServer, program: tuple)
 CLIENT = textwrap.dedent("""
     import sys, torch
     from csrun.emulator.remote.client import RemoteDevice
-    from tests.emulator.helpers import MLP, make_program, mlp_batches
+    from tests.emulator.helpers import make_program
+    from tests.tiny_models import MLP, mlp_batches
     batches = mlp_batches(1, bs=2048)
     ep, spec = make_program(MLP(d_in=12, hidden=512), batches[0])
     dev = RemoteDevice(sys.argv[1], sys.argv[2], "doomed-job", queue_depth=8)

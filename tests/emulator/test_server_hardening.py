@@ -33,7 +33,8 @@ from csrun.emulator.remote.guard import GuardLimits
 from csrun.emulator.remote.server import EmulatorServer
 from csrun.emulator.remote.tls import ClientTLS, client_context, server_context
 
-from .helpers import MLP, make_program, mlp_batches, raw_hello
+from tests.tiny_models import MLP, mlp_batches
+from .helpers import make_program, raw_hello
 
 TOKEN = "hardening-Zq8v3Xk1-token-7Rp2Lm"
 REPO = Path(__file__).resolve().parents[2]
@@ -150,7 +151,8 @@ def test_hello_deadline_cuts_a_connection_that_never_answers() -> None:
 STALLED = textwrap.dedent("""
     import sys
     from csrun.emulator.remote.client import RemoteDevice
-    from tests.emulator.helpers import MLP, make_program, mlp_batches
+    from tests.emulator.helpers import make_program
+    from tests.tiny_models import MLP, mlp_batches
     batches = mlp_batches(2)
     ep, spec = make_program(MLP(), batches[0])
     dev = RemoteDevice(sys.argv[1], sys.argv[2], "stalled-job", connect_timeout=10)

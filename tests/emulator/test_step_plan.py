@@ -15,7 +15,8 @@ from csrun.program.errors import SpecError
 from csrun.emulator.remote.server import EmulatorServer
 from csrun.program.step_plan import FULL_STEP, StepPlan
 
-from .helpers import MLP, make_program, mlp_batches, quiet
+from tests.tiny_models import MLP, mlp_batches
+from .helpers import make_program, quiet
 
 TOKEN = "step-plan-Hq3Zt9Lw-token-5Vn8Kc"
 

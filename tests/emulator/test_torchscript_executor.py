@@ -11,7 +11,8 @@ import torch
 from csrun.emulator.engine import lean_step
 from csrun.emulator.engine.torchscript import unoptimized
 from csrun.emulator.engine.traced_forward import TracedForward
-from tests.emulator.helpers import MLP, make_engine, mlp_batches
+from tests.emulator.helpers import make_engine
+from tests.tiny_models import MLP, mlp_batches
 
 
 def _optimizing() -> bool:

@@ -23,28 +23,14 @@ from csrun.emulator.engine.executor import Engine
 from csrun.emulator.engine.traced_forward import TracedForward
 from csrun.errors import ConfigError
 
+from tests.tiny_models import MLP, DropoutConvNet, TinyTransformer, conv_batches, lm_batches, mlp_batches
 from ..models.helpers import first_batch, load_module, load_params
-from .helpers import MLP, TinyTransformer, input_specs, lm_batches, make_spec, mlp_batches, quiet
-
-
-class ConvNet(nn.Module):
-    """Conv + batch norm (running statistics: buffer updates) + dropout (random draws)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(1, 4, 3, padding=1)
-        self.bn = nn.BatchNorm2d(4)
-        self.drop = nn.Dropout(0.3)
-        self.head = nn.Linear(4 * 6 * 6, 3)
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        h = self.drop(torch.relu(self.bn(self.conv(x))))
-        return nn.functional.cross_entropy(self.head(h.flatten(1)), y)
+from .helpers import input_specs, make_spec, quiet
 
 
 class TiedLM(nn.Module):
-    """An embedding whose weight is also the output projection's."""
+    """An embedding whose weight is also the output projection's, and nothing else: shaped for
+    the test that the tie stays one parameter (the archive tests' TiedLM adds an untied layer)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,11 +42,6 @@ class TiedLM(nn.Module):
         logits = self.head(torch.tanh(self.emb(batch["input_ids"])))
         loss = nn.functional.cross_entropy(logits.reshape(-1, 32), batch["labels"].reshape(-1))
         return {"loss": loss, "logits": logits}
-
-
-def conv_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(3)
-    return [(torch.randn(8, 1, 6, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(n)]
 
 
 def bert_debug() -> tuple[nn.Module, list[Any]]:
@@ -131,7 +112,7 @@ def test_transformer_with_dict_batches_tuple_outputs_float16_by_rounding(monkeyp
 
 def test_batch_norm_buffers_and_dropout_draws(monkeypatch: pytest.MonkeyPatch) -> None:
     batches = conv_batches(6)
-    engine = _assert_same_run(ConvNet(), batches, _spec("sgd", batches[0]), monkeypatch)
+    engine = _assert_same_run(DropoutConvNet(), batches, _spec("sgd", batches[0]), monkeypatch)
     running = [v for k, v in engine.module.state_dict().items() if k.endswith("running_mean")]
     assert running and not torch.equal(running[0], torch.zeros_like(running[0])), "the buffers did not move"
 

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, REPO
-from tests.slurm.test_preemption_requeue import long_debug_params
+from tests.conftest import BIN, REPO, long_debug_params
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -30,9 +30,9 @@ from csrun.program.errors import SpecError
 from csrun.emulator.remote.program import save_program
 from csrun.emulator.remote.server import EmulatorServer
 from csrun.program.archive import FROM_CLIENT, ArchiveRefused, read_archive
-from tests.compiler.tiny_models import MLP as CacheMLP
-from tests.emulator.helpers import MLP, TinyTransformer, eager_losses, lm_batches, make_spec, mlp_batches
-from tests.emulator.test_server import TOKEN, addr, connect_when_free, server  # noqa: F401 - the fixture
+from tests.emulator.conftest import connect_when_free
+from tests.emulator.helpers import eager_losses, make_spec
+from tests.tiny_models import MLP, DeepMLP, TinyTransformer, lm_batches, mlp_batches
 
 SETTINGS = CompileSettings(mode="train", learning_rate=1e-3)
 
@@ -157,7 +157,7 @@ def _torch_runs_it(data: bytes, marker: Path, batch: Any) -> None:
 
 
 @pytest.mark.parametrize(("attack", "refusal"), ATTACKS, ids=IDS)
-def test_hostile_archive_on_the_server(tmp_path: Path, server: EmulatorServer,  # noqa: F811 - the fixture
+def test_hostile_archive_on_the_server(tmp_path: Path, server: EmulatorServer,
                                        attack: Callable[..., bytes], refusal: str | None) -> None:
     marker = tmp_path / "pwned"
     batches = mlp_batches(3)
@@ -203,7 +203,7 @@ def _tamper_compile_dir(directory: str, attack: Callable[..., bytes], marker: Pa
 def test_hostile_archive_in_the_compile_cache(tmp_path: Path, attack: Callable[..., bytes],
                                               refusal: str | None) -> None:
     marker = tmp_path / "pwned"
-    model, batch = CacheMLP(), CacheMLP.batch()
+    model, batch = DeepMLP(), DeepMLP.batch()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     first = compile_only(model, batch, settings=SETTINGS, optimizer=opt, model_dir=str(tmp_path / "model_dir"))
     assert first.ok and first.directory
@@ -234,7 +234,9 @@ def test_hostile_archive_in_the_compile_cache(tmp_path: Path, attack: Callable[.
 
 
 class TiedLM(nn.Module):
-    """An embedding tied to the output projection (as BERT's MLM head and GPT-2's LM head)."""
+    """An embedding tied to the output projection (as BERT's MLM head and GPT-2's LM head) around
+    an untied middle layer. Shaped for these tests, which check the names the state keeps (the tie
+    and ``mid``); the traced-forward tests' TiedLM is the tie alone."""
 
     def __init__(self, vocab: int = 32, d: int = 16) -> None:
         super().__init__()
@@ -255,7 +257,7 @@ def _train(device: Any, program: torch.export.ExportedProgram, spec: Any, batche
         return losses, dev.state_dict()
 
 
-def test_tied_weights_stay_tied_on_the_server(server: EmulatorServer) -> None:  # noqa: F811 - the fixture
+def test_tied_weights_stay_tied_on_the_server(server: EmulatorServer) -> None:
     """torch's reader gives each tied name its own Parameter; the graph reads only one of them
     (out.weight), so the device's state reported emb.weight untrained, which a checkpoint or the
     coherent model state then wrote over the trained tie."""
@@ -284,7 +286,7 @@ def test_tied_weights_stay_tied_through_the_compile_cache(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("which", ["mlp", "transformer"])
-def test_normal_program_trains_bit_identically(which: str, server: EmulatorServer) -> None:  # noqa: F811
+def test_normal_program_trains_bit_identically(which: str, server: EmulatorServer) -> None:
     torch.manual_seed(0)
     model, batches = (MLP(), mlp_batches(5)) if which == "mlp" else (TinyTransformer(), lm_batches(5))
     ep, spec = torch.export.export(model, (batches[0],)), make_spec()

@@ -41,6 +41,7 @@ from csrun.run.runner import compile_settings
 from csrun.run.summaries import write_params
 from tests.conftest import REPO
 from tests.run.conftest import DEBUG_YAML, _one_thread, fc_mnist  # noqa: F401  (fixtures)
+from tests.tiny_models import LinearClassifier
 
 BASE = yaml.safe_load((REPO / "configs" / "fc_mnist_debug.yaml").read_text())
 BASE["model"] = {"mixed_precision": False}  # the generic sections (fc_mnist's own keys belong to its run.py)
@@ -57,17 +58,8 @@ _PROGRAM: list[torch.export.ExportedProgram] = []
 def _program() -> torch.export.ExportedProgram:
     """A tiny exported model (exported once: the engine copies its weights)."""
     if not _PROGRAM:
-        torch.manual_seed(0)
-
-        class Tiny(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.lin = torch.nn.Linear(3, 2)
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                return self.lin(x).square().mean()
-
-        _PROGRAM.append(torch.export.export(Tiny(), (torch.ones(4, 3),)))
+        batch = (torch.ones(4, 3), torch.zeros(4, dtype=torch.int64))
+        _PROGRAM.append(torch.export.export(LinearClassifier(3, 2, seed=0), (batch,)))
     return _PROGRAM[0]
 
 

@@ -80,6 +80,28 @@ def model_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(ckpt)["model"]
 
 
+PERFORMANCE_KEYS = {"total_samples", "total_time", "samples_per_sec", "compile_time", "programming_time",
+                    "est_samples_per_sec", "per_ordinal", "suspected_input_bottleneck"}
+"""The keys performance.json must have."""
+
+
+def scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of each TensorBoard scalar ``tag`` written under ``folder``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    """The two checkpoints hold the same model weights, bit for bit."""
+    wa, wb = model_tensors(a), model_tensors(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
 def fc_mnist_model_module() -> Any:
     """models/fc_mnist/model.py loaded by path (under another name: no sys.path change)."""
     import importlib.util

@@ -11,8 +11,7 @@ from typing import Callable
 import pytest
 
 from csrun.run.summaries import read_losses
-from tests.run.conftest import DEBUG_YAML, diverging_yaml, write_yaml
-from tests.run.test_train import PERFORMANCE_KEYS, assert_same_weights
+from tests.run.conftest import DEBUG_YAML, PERFORMANCE_KEYS, assert_same_weights, diverging_yaml, write_yaml
 
 Run = Callable[..., int]
 

@@ -9,8 +9,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from tests.run.conftest import DEBUG_YAML
-from tests.run.test_train import scalars
+from tests.run.conftest import DEBUG_YAML, scalars
 
 Run = Callable[..., int]
 

@@ -13,8 +13,7 @@ import yaml
 
 from csrun.run import loops
 from csrun.run.inputs import pad_to_whole_batches
-from tests.run.conftest import DEBUG_YAML
-from tests.run.test_train import scalars
+from tests.run.conftest import DEBUG_YAML, scalars
 
 Run = Callable[..., int]
 

@@ -10,31 +10,14 @@ from typing import Callable
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from csrun.run import loops
 from csrun.run.summaries import read_losses
-from tests.run.conftest import DEBUG_YAML, FULL_YAML, diverging_yaml, model_tensors, write_yaml
+from tests.run.conftest import (
+    DEBUG_YAML, FULL_YAML, PERFORMANCE_KEYS, assert_same_weights, diverging_yaml, model_tensors, scalars, write_yaml,
+)
 
 Run = Callable[..., int]
-
-PERFORMANCE_KEYS = {"total_samples", "total_time", "samples_per_sec", "compile_time", "programming_time",
-                    "est_samples_per_sec", "per_ordinal", "suspected_input_bottleneck"}
-
-
-def scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(folder))
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = model_tensors(a), model_tensors(b)
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        assert torch.equal(wa[k], wb[k]), k
-
-
 
 
 def test_train_and_eval_leaves_the_legacy_model_dir(fc_mnist: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import BIN, REPO
+from tests.conftest import BIN, REPO, long_debug_params
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
@@ -34,14 +34,6 @@ def wait_until(predicate, seconds: float, what: str) -> None:  # type: ignore[no
             return
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def long_debug_params(tmp_path: Path) -> tuple[dict, Path]:
-    params = yaml.safe_load((REPO / "configs" / "fc_mnist_debug.yaml").read_text())
-    params["runconfig"].update(max_steps=100000, checkpoint_steps=0, log_steps=200)
-    path = tmp_path / "long.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return params, path
 
 
 def finish_after_requeue(job: str, env: dict[str, str], md: Path, params: dict, params_file: Path) -> int:
