@@ -63,11 +63,13 @@ from csrun.compiler.python_state import PythonStateWatch
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
 from csrun.driver import clipping, legacy_state
+from csrun.driver.batch_dtypes import widened
 from csrun.driver.clipping import Clip, ClippingError
 from csrun.driver.hooks import backward_hook_in, optimizer_hooks_on
 from csrun.driver.closures import ClosureRunner, StepClosure
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
+from csrun.driver.run_path import PathKind
 from csrun.driver.recorded_step import Recording
 from csrun.driver.step_recording import StepRecorder
 from csrun.driver.step_values import GRAD_NORM, StepValue
@@ -381,7 +383,7 @@ class DeviceDriver:
             return item
         if self.open_step is not None:
             self._dispatch()
-        return self._open(item, implicit=False)
+        return self._open(widened(item), implicit=False)
 
     def _open(self, batch: Any, *, implicit: bool) -> Any:
         recorder = self.recorders[self.mode]
@@ -595,6 +597,22 @@ class DeviceDriver:
 
     def _scheduler_list(self) -> list[Any]:
         return list(self.schedulers.schedulers) if self.schedulers is not None else []
+
+    def compile_step(self, *, validate: bool) -> bool:
+        """R1.6's ``cbtorch.compile(validate_only=)`` on a compile-only run: compile (or only
+        validate) the open step now and return whether it passed, instead of exiting."""
+        if not self.options.path.compiles_only:
+            raise DeviceUsageError("cbtorch.compile() is for a compile_only / validate_only run (pass "
+                                   "--compile_only or --validate_only); a training run compiles at its first step")
+        if self.open_step is None or self.open_step.calls == 0:
+            raise DeviceUsageError("cbtorch.compile() needs a step to compile: call the model on a batch first")
+        kind: PathKind = "validate_only" if validate else "compile_only"
+        self.options = replace(self.options, path=replace(self.options.path, kind=kind))
+        try:
+            self._dispatch()
+        except SystemExit as done:
+            return done.code == 0
+        raise DeviceUsageError("cbtorch.compile(): the step did not compile")  # not reached: dispatch exits
 
     def _compile_and_exit(self, batch: Any, recording: Recording) -> NoReturn:
         result = self.compile(batch, self.mode, recording, validate=self.options.path.kind == "validate_only")

@@ -10,6 +10,12 @@ them. A lone chief is shard 0 of 1. Refused, with a message naming the value:
 * a shard smaller than one batch;
 * a loader with no automatic batching or with a custom ``batch_sampler``.
 
+A loader the script already shards (a ``DistributedSampler`` over ``num_streamers()`` at this
+task's ``get_streaming_rank()``, as the R1.x zoo's input functions build one) is streamed as it
+is: it is this task's shard, and the system did not shard it again. A ``DistributedSampler`` over
+another number of replicas or at another rank, or one that would pad its shard with repeated
+samples, is refused in one line.
+
 Iterable-style datasets are not sharded here: they shard themselves, using
 ``cbtorch.task_id()`` and ``cbtorch.num_tasks()`` (the streaming rank and the number of
 streamers), as the legacy HDF5 readers did. Shuffled loaders must draw the same order on
@@ -22,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Sized, cast
 
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, Sampler
 
 from csrun.errors import UserError
 from csrun.stream.source import EPOCH_END
@@ -46,6 +52,8 @@ class ShardPlan:
     """True for an IterableDataset (the dataset shards itself)."""
     num_samples: int | None
     """Samples in one epoch of the whole loader, when known."""
+    presharded: bool = False
+    """The script's loader is already this task's shard (a ``DistributedSampler``): streamed as it is."""
 
     @property
     def batches_per_epoch(self) -> int | None:
@@ -78,9 +86,13 @@ def plan_shard(loader: Any, shard: int, num_shards: int) -> ShardPlan:
         raise DataLoaderError(f"drop_last must be set to True (got drop_last={drop_last!r}): the "
                               "system needs every batch to have the same size")
     num_samples = None
+    presharded = False
     if not iterable:
         sampler = loader.sampler if batch_sampler is None else batch_sampler.sampler
         num_samples = len(cast(Sized, sampler))
+        if isinstance(sampler, DistributedSampler):
+            _check_presharded(sampler, shard, num_shards)
+            presharded, num_samples = True, num_samples * num_shards
         if num_samples % num_shards:
             raise DataLoaderError(
                 f"the dataset's {num_samples} samples cannot be split evenly across {num_shards} "
@@ -95,7 +107,22 @@ def plan_shard(loader: Any, shard: int, num_shards: int) -> ShardPlan:
             raise DataLoaderError(f"{where}, fewer than one batch of {batch_size}: use a smaller "
                                   "batch_size, more data or fewer streamers")
     return ShardPlan(shard=shard, num_shards=num_shards, batch_size=batch_size, iterable=iterable,
-                     num_samples=num_samples)
+                     num_samples=num_samples, presharded=presharded)
+
+
+def _check_presharded(sampler: DistributedSampler, shard: int, num_shards: int) -> None:
+    """:class:`DataLoaderError` unless ``sampler`` is exactly this task's shard, without repeats."""
+    replicas, rank = sampler.num_replicas, sampler.rank
+    if (replicas, rank) != (num_shards, shard):
+        raise DataLoaderError(
+            f"the DataLoader's DistributedSampler takes shard {rank} of {replicas}, but this task streams shard "
+            f"{shard} of {num_shards}: build it with num_replicas=num_streamers() and rank=get_streaming_rank() "
+            "(or leave the sampler out and let cbtorch.dataloader shard)")
+    size = len(cast(Sized, sampler.dataset))
+    if size % replicas and not sampler.drop_last:
+        raise DataLoaderError(
+            f"the DataLoader's DistributedSampler pads its shard with repeated samples ({size} samples over "
+            f"{replicas} streamers): use a sample count divisible by {replicas} or drop_last=True")
 
 
 class ShardSampler(Sampler[int]):
@@ -139,7 +166,7 @@ def shard_loader(loader: DataLoader, plan: ShardPlan) -> tuple[DataLoader, Shard
     if plan.iterable:
         return DataLoader(loader.dataset, batch_size=plan.batch_size, drop_last=True, **options), None
     base = loader.sampler if loader.batch_size is not None else cast(BatchSampler, loader.batch_sampler).sampler
-    sampler = ShardSampler(base, plan.shard, plan.num_shards)
+    sampler = ShardSampler(base, 0, 1) if plan.presharded else ShardSampler(base, plan.shard, plan.num_shards)
     return DataLoader(loader.dataset, batch_size=plan.batch_size, sampler=sampler, drop_last=True,
                       **options), sampler
 

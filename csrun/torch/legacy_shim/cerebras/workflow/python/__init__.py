@@ -1,0 +1,1 @@
+"""Legacy import shim: ``cerebras.workflow.python``."""

@@ -1,0 +1,1 @@
+"""Legacy import shim: ``torch_xla.utils``."""

@@ -1,0 +1,144 @@
+"""``cerebras.framework.torch`` as R1.6 had it, where csrun's own names differ.
+
+- :func:`initialize` takes R1.6's keywords (``service_workdir``, ``compile_dir``, ``cs_ip``,
+  ``compile_only``, ``appliance``, ``use_cbfloat16``); the zoo passes ``compile_only=True`` for
+  ``--validate_only`` too and says which at :func:`compile`. A ``cs_ip`` of ``embedded`` (the zoo
+  appends ``:9000``) is the embedded emulator.
+- :func:`compile` (``fabric_config_file``, ``validate_only``): compile, or only validate, the step
+  the loop ran on a compile-only run, and return whether it passed (R1.6 compiled here).
+- :func:`env`: ``weight_streaming_mode``, ``appliance``, ``service_workdir``.
+- :func:`optimizer`: the optimizer as R1.6's wrapper showed it: an instance of
+  :class:`optim.Optimizer <Optimizer>`, with ``_optimizer`` (itself),
+  ``convert_state_dict_for_checkpoint`` (as it is, unless the optimizer defines its own) and a
+  ``gradient_clipper`` slot; ``set_main_lr_scheduler`` is weight streaming's.
+- ``data.DataLoader`` and ``utils.data.dataloader.DataLoader`` are csrun's streaming loader
+  (:class:`~csrun.torch.dataloader.StreamingDataLoader`); ``nn.StripPadding``,
+  ``utils.nest.{visit,map}_xla_tensors`` and ``core.appliance.ApplianceMode`` import and refuse
+  (:mod:`csrun.torch.r1.unsupported`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import torch
+
+from csrun.driver.driver import DeviceDriver
+from csrun.torch import optimizer as csrun_optimizer
+from csrun.torch.dataloader import StreamingDataLoader
+from csrun.torch.process_state import State, state
+from csrun.torch.process_state import initialize as csrun_initialize
+from csrun.torch.r1 import settings
+from csrun.torch.r1.unsupported import refuse, unsupported, unsupported_class
+
+_PREPARED = "_csrun_r1_prepared"
+_APPLIANCE = "appliance mode is the R1.7+ flow; csrun runs the pipelined mode (leave --appliance out)"
+_WEIGHT_STREAMING = "weight streaming's optimizer hooks are not R1.6 pipelined mode"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Env:
+    """``cbtorch.env()``."""
+
+    weight_streaming_mode: bool = False
+    """False: the pipelined mode (R1.6's weight streaming is csrun's ``CSRUN_EXECUTION_STRATEGY``)."""
+    appliance: bool = False
+    """False: csrun has no appliance mode."""
+    service_workdir: str = "."
+    """Where the run writes (``initialize(service_workdir=...)``, else the model_dir)."""
+
+
+def initialize(service_workdir: str | None = None, compile_dir: str | None = None, cs_ip: str | None = None,
+               compile_only: bool | None = False, appliance: bool | None = False,
+               use_cbfloat16: bool | None = False) -> State:
+    """R1.6's ``cbtorch.initialize`` (see the module manual); returns csrun's state."""
+    if appliance:
+        refuse("cbtorch.initialize(appliance=True)", _APPLIANCE)
+    if cs_ip is not None and str(cs_ip).split(":", 1)[0].strip().lower() == "embedded":
+        cs_ip = "embedded"
+    if compile_dir is not None and service_workdir is not None and \
+            os.path.abspath(compile_dir) == os.path.abspath(service_workdir):
+        compile_dir = None  # the zoo's default: the compiles go in the model_dir, each in its cs_<hash>
+    st = csrun_initialize(cs_ip, compile_only=bool(compile_only), model_dir=service_workdir,
+                          compile_dir=compile_dir)
+    settings.update(use_cbfloat16=bool(use_cbfloat16))
+    return st
+
+
+def compile(fabric_config_file: str | None = None, validate_only: bool = False) -> bool:  # noqa: A001 - R1.6's name
+    """Compile (or only validate) the step the loop ran; True when it passed (see the module manual)."""
+    backend = state().backend
+    if not isinstance(backend, DeviceDriver):
+        refuse("cbtorch.compile() on the CPU", "run with --compile_only or --validate_only")
+    if fabric_config_file:
+        refuse(f"cbtorch.compile(fabric_config_file={fabric_config_file!r})",
+               "a fabric file describes a physical system; the emulator has its own (leave it out)")
+    return backend.compile_step(validate=bool(validate_only))
+
+
+def env() -> Env:
+    """What R1.6's ``cbtorch.env()`` said about this run."""
+    model_dir = state().options.model_dir
+    return Env(service_workdir=str(model_dir) if model_dir else ".")
+
+
+class _PreparedMeta(type):
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return bool(getattr(obj, _PREPARED, False))
+
+
+class Optimizer(metaclass=_PreparedMeta):
+    """``cbtorch.optim.Optimizer``: what :func:`optimizer` returned (``isinstance`` is True for it)."""
+
+
+def _as_it_is(state_dict: dict[str, Any]) -> dict[str, Any]:
+    return state_dict
+
+
+def optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """R1.6's ``cbtorch.optimizer``: csrun's, showing the wrapper's attributes (module manual)."""
+    prepared = csrun_optimizer(opt)
+    setattr(prepared, _PREPARED, True)
+    if not hasattr(prepared, "_optimizer"):
+        prepared._optimizer = prepared  # type: ignore[attr-defined]
+    if not hasattr(prepared, "convert_state_dict_for_checkpoint"):
+        prepared.convert_state_dict_for_checkpoint = _as_it_is  # type: ignore[attr-defined]
+    if not hasattr(prepared, "set_main_lr_scheduler"):
+        prepared.set_main_lr_scheduler = unsupported(  # type: ignore[attr-defined]
+            "cbtorch.optimizer(...).set_main_lr_scheduler", _WEIGHT_STREAMING)
+    return prepared
+
+
+@contextlib.contextmanager
+def name_scope(name: str) -> Iterator[None]:
+    """``core.name_scope``: names the operations inside for the system's compiler; csrun's
+    compile does not use the names, so the block runs as it is."""
+    yield
+
+
+_LR_SCHEDULERS = ("Constant", "Polynomial", "Exponential", "InverseExponentialTimeDecay", "CosineDecay",
+                  "MultiStep", "Step", "CosineAnnealing", "Lambda")
+_LR_WHY = ("R1.6's device-side schedulers are not wired yet; give the schedule as the params YAML's "
+           "learning_rate to csrun's run.py, or use torch's schedulers (they become the device's)")
+
+data = SimpleNamespace(DataLoader=StreamingDataLoader)
+"""``cbtorch.data``."""
+optim = SimpleNamespace(
+    Optimizer=Optimizer,
+    lr_scheduler=SimpleNamespace(**{n: unsupported(f"cbtorch.optim.lr_scheduler.{n}", _LR_WHY) for n in _LR_SCHEDULERS}))
+"""``cbtorch.optim``."""
+nn = SimpleNamespace(StripPadding=unsupported_class(
+    "cbtorch.nn.StripPadding", "variable tensor shapes are a system kernel; set model.enable_vts: False"))
+"""``cbtorch.nn``."""
+utils = SimpleNamespace(
+    data=SimpleNamespace(dataloader=SimpleNamespace(DataLoader=StreamingDataLoader)),
+    nest=SimpleNamespace(
+        visit_xla_tensors=unsupported("cbtorch.utils.nest.visit_xla_tensors", _APPLIANCE),
+        map_xla_tensors=unsupported("cbtorch.utils.nest.map_xla_tensors", _APPLIANCE)))
+"""``cbtorch.utils``."""
+appliance = SimpleNamespace(ApplianceMode=unsupported_class("cbtorch.core.appliance.ApplianceMode", _APPLIANCE))
+"""``cbtorch.core.appliance``."""

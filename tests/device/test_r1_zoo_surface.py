@@ -1,0 +1,102 @@
+"""An R1.6 zoo-shaped runner on the embedded device: ``initialize`` with R1.6's keywords and the
+zoo's ``cs_ip`` (``embedded:9000``), ``amp.GradScaler(...)`` called on the loss, int32 labels and
+float16 inputs as the zoo's CS input functions make them; the scaler's loss scaling and clipping
+are the compile's, and the float32 losses equal eager PyTorch's. ``cbtorch.compile(validate_only=)``
+returns instead of exiting."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import csrun.torch as cbtorch
+import csrun.torch.core.cb_model as cm
+from csrun.torch.r1 import amp as r1_amp
+from csrun.torch.r1 import framework, modes, settings
+
+
+@pytest.fixture(autouse=True)
+def fresh_r1() -> None:
+    settings.reset_for_tests()
+    r1_amp.reset_for_tests()
+
+
+class Net(nn.Module):
+    """fc_mnist's shape in small: log-softmax outputs and ``nll_loss`` on the labels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(6, 16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.log_softmax(self.fc2(torch.relu(self.fc1(x))), dim=1)
+        return nn.functional.nll_loss(out, y)
+
+
+def data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 6, generator=g).to(torch.float16)  # the zoo's CS inputs: float16
+    y = torch.randint(0, 3, (64,), generator=g).to(torch.int32)  # and int32 labels
+    return TensorDataset(x, y)
+
+
+def eager_losses(steps: int, max_norm: float) -> list[float]:
+    model, losses = Net(), []
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in list(DataLoader(data(), batch_size=8, drop_last=True))[:steps]:
+        opt.zero_grad()
+        loss = model(x.float(), y.long())
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_an_r16_runner_trains_on_the_embedded_device_as_eager(tmp_path: Path) -> None:
+    framework.initialize(service_workdir=str(tmp_path), compile_dir=str(tmp_path), cs_ip="embedded:9000")
+    assert cm.use_cs() and cm.is_wse_device()
+    model = cbtorch.module(Net())
+    opt = framework.optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    scaler = r1_amp.GradScaler(loss_scale="dynamic", max_gradient_norm=0.5, mixed_precision=False)
+    loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
+    losses: list[float] = []
+
+    @cm.step_closure
+    def keep(loss: torch.Tensor) -> None:
+        losses.append(cm.to_cpu(loss).item())
+
+    with cbtorch.Session(loader, modes.TRAIN, report=False):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = model(x, y)
+            scaler(loss).backward()
+            opt.step()
+            keep(loss)
+    assert cm.get_run_step() == 8
+    assert losses == pytest.approx(eager_losses(8, 0.5), abs=1e-5)
+    [spec] = tmp_path.glob("cs_*/spec.json")
+    recorded = json.loads(spec.read_text())
+    assert recorded["loss_scaling"]["factor"] == "dynamic" and recorded["max_gradient_norm"] == 0.5
+    assert {t["dtype"] for t in recorded["inputs"]} == {"float32", "int64"}  # the widths eager computes in
+    assert cm.metrics_counter_value("CerebrasCompileTimeMs") >= 0
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_compile_returns_whether_the_step_compiled(tmp_path: Path, validate: bool) -> None:
+    framework.initialize(service_workdir=str(tmp_path), compile_only=True)  # the zoo: compile_only for both
+    model = cbtorch.module(Net())
+    opt = framework.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
+    for x, y in loader:  # the zoo's compile runner: one step, then compile()
+        model(x, y).backward()
+        opt.step()
+        break
+    assert framework.compile(fabric_config_file=None, validate_only=validate) is True
+    assert bool(list(tmp_path.glob("cs_*/spec.json"))) == (not validate)
