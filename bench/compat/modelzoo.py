@@ -1,0 +1,196 @@
+"""The R1.6 Model Zoo, unedited, through csrun: a compatibility table.
+
+Command (from the repository root)::
+
+    .venv/bin/python bench/compat/modelzoo.py --zoo DIR [--work DIR] [--deps DIR] [--steps N]
+
+``--zoo`` is a checkout of ``Cerebras/modelzoo`` at tag ``R_1.6.0`` (``git clone --branch R_1.6.0
+https://github.com/Cerebras/modelzoo``); none of its files is edited or copied here. The check
+makes small synthetic MNIST IDX files in ``--work`` (a fresh temporary folder by default), writes
+a small ``params.yaml`` for the zoo's ``fc_mnist/pytorch/run.py`` (float32, ``max_steps`` N), and
+runs it as a user would, from the zoo's root, with ``--legacy-imports``:
+
+- ``csrun_cpu`` on the CPU (the reference), then with ``--cs_ip embedded`` (the zoo appends
+  ``:9000``), ``--compile_only``, ``--validate_only``, and ``--mode eval`` from the trained
+  checkpoint on both paths;
+- ``csrun_wse --total-nodes 3`` (a chief and two streamers; the zoo shards its own input over
+  them) with ``--cs_ip embedded``, when a Slurm cluster answers (``SLURM_CONF``).
+
+The zoo's own Python dependencies are the user's: ``torchvision`` (its PyPI wheel does not load
+against the CPU torch this project pins) and ``nltk`` come from the small stand-ins in
+``bench/compat/stand_ins``; ``keras_preprocessing`` (and ``six``) are installed into ``--deps``
+(default ``WORK/deps``) with ``pip install --target`` unless they are there.
+
+Prints one markdown table: each command, its exit code, the last step it logged, its last
+loss, and whether its losses equal the CPU path's (to 1e-5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+BIN = ROOT / "bin"
+STEP = re.compile(r"\| (Train|Eval) Device=\S+ Step=(\d+) Loss=([0-9.eE+-]+)")
+AVG_EVAL = re.compile(r"Avg Eval\. Loss = ([0-9.eE+-]+)")
+PARAMS = """\
+train_input:
+    data_dir: "{data}/train"
+    batch_size: 64
+    drop_last_batch: True
+    shuffle: False
+    to_float16: False
+eval_input:
+    data_dir: "{data}/val"
+    batch_size: 64
+    drop_last_batch: True
+    shuffle: False
+    to_float16: False
+model:
+    name: "fc_mnist"
+    mixed_precision: False
+    depth: 3
+    hidden_size: 50
+    dropout: 0.0
+    activation_fn: "relu"
+optimizer:
+    optimizer_type: "SGD"
+    learning_rate: 0.001
+    momentum: 0.9
+    loss_scaling_factor: 1.0
+runconfig:
+    max_steps: {steps}
+    checkpoint_steps: {steps}
+    log_steps: 1
+    seed: 1
+    save_losses: True
+"""
+
+
+@dataclass
+class Result:
+    """One command's outcome."""
+
+    name: str
+    command: str
+    rc: int
+    steps: int | None
+    losses: list[float]
+    average_eval_loss: float | None
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """An unsigned-byte IDX file, as MNIST's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack(">HBB", 0, 8, array.ndim))
+        f.write(struct.pack(">" + "I" * array.ndim, *array.shape))
+        f.write(array.astype(np.uint8).tobytes())
+
+
+def make_mnist(data: Path, samples: int) -> None:
+    """Random digits and labels in both MNIST file sets, under ``data/{train,val}/MNIST/raw``."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        raw = data / split / "MNIST" / "raw"
+        for prefix in ("train", "t10k"):
+            write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (samples, 28, 28)))
+            write_idx(raw / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, (samples,)))
+
+
+def ensure_deps(deps: Path) -> None:
+    """The zoo's start-up imports that have no stand-in, installed into ``deps`` when missing."""
+    if (deps / "keras_preprocessing").is_dir():
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps),
+                    "keras_preprocessing", "six"], check=True)
+
+
+def run(name: str, argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
+    """Run ``argv`` from the zoo's root and read the losses it logged."""
+    done = subprocess.run(argv, cwd=zoo, env=env, capture_output=True, text=True, timeout=900)
+    text = done.stdout + done.stderr
+    steps = [(int(m.group(2)), float(m.group(3))) for m in STEP.finditer(text)]
+    avg = AVG_EVAL.search(text)
+    if done.returncode != 0:
+        sys.stderr.write(f"--- {name} exited {done.returncode}:\n{text[-3000:]}\n")
+    shown = " ".join(a if a.startswith("-") or "/" not in a else Path(a).name for a in argv)
+    return Result(name=name, command=shown, rc=done.returncode, steps=steps[-1][0] if steps else None,
+                  losses=[loss for _, loss in steps], average_eval_loss=float(avg.group(1)) if avg else None)
+
+
+def same(a: Result, b: Result) -> str:
+    """Whether two runs logged the same losses (to 1e-5)."""
+    if not a.losses or len(a.losses) != len(b.losses):
+        return "-"
+    return "yes" if all(abs(x - y) <= 1e-5 for x, y in zip(a.losses, b.losses)) else "no"
+
+
+def main() -> int:
+    """Make the data, run the commands, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--zoo", required=True, type=Path, help="a checkout of Cerebras/modelzoo at R_1.6.0")
+    parser.add_argument("--work", type=Path, default=None, help="where the data and model_dirs go (default: a temp dir)")
+    parser.add_argument("--deps", type=Path, default=None, help="the zoo's pip dependencies (default WORK/deps)")
+    parser.add_argument("--steps", type=int, default=10, help="max_steps (default 10)")
+    args = parser.parse_args()
+    zoo = args.zoo.resolve()
+    script = zoo / "modelzoo" / "fc_mnist" / "pytorch" / "run.py"
+    if not script.is_file():
+        parser.error(f"--zoo {args.zoo}: no modelzoo/fc_mnist/pytorch/run.py there (give a R_1.6.0 checkout)")
+    work = (args.work or Path(tempfile.mkdtemp(prefix="csrun-zoo-"))).resolve()
+    deps = (args.deps or work / "deps").resolve()
+    ensure_deps(deps)
+    make_mnist(work / "data", samples=64 * (args.steps + 2))
+    params = work / "params.yaml"
+    params.write_text(PARAMS.format(data=work / "data", steps=args.steps))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join([str(STAND_INS), str(deps), str(zoo)])}
+    cpu = ["csrun_cpu", "--legacy-imports", "python-pt", str(script)]
+    wse = ["csrun_wse", "--legacy-imports", "--total-nodes", "3", "python-pt", str(script)]
+
+    def flags(mode: str, model_dir: str, *extra: str) -> list[str]:
+        target = work / model_dir
+        if mode == "train":
+            shutil.rmtree(target, ignore_errors=True)
+        return ["--mode", mode, "--params", str(params), "--model_dir", str(target), *extra]
+
+    checkpoint = f"checkpoint_{args.steps}.mdl"
+    results = [
+        run("CPU train", cpu + flags("train", "cpu"), zoo, env),
+        run("embedded train", cpu + flags("train", "embedded", "--cs_ip", "embedded"), zoo, env),
+        run("compile_only", cpu + flags("train", "compile", "--compile_only"), zoo, env),
+        run("validate_only", cpu + flags("train", "validate", "--validate_only"), zoo, env),
+        run("CPU eval", cpu + flags("eval", "cpu", "--checkpoint_path", str(work / "cpu" / checkpoint)), zoo, env),
+        run("embedded eval", cpu + flags("eval", "embedded", "--cs_ip", "embedded", "--checkpoint_path",
+                                         str(work / "embedded" / checkpoint)), zoo, env),
+    ]
+    if os.environ.get("SLURM_CONF"):
+        results.append(run("3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env))
+    reference = {"Train": results[0], "Eval": results[4]}
+    print("| run | command (from the zoo's root) | exit | last step | last loss | losses = CPU path's (1e-5) |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        ref = reference["Eval" if "eval" in r.name else "Train"]
+        equal = "(reference)" if r is ref else ("-" if "tasks" in r.name else same(r, ref))
+        if r.average_eval_loss is not None and "eval" in r.name and r is not ref:
+            equal += f" (avg eval loss {r.average_eval_loss:.6f} vs {ref.average_eval_loss:.6f})"
+        last = f"{r.losses[-1]:.5f}" if r.losses else "-"
+        print(f"| {r.name} | `{r.command}` | {r.rc} | {r.steps if r.steps is not None else '-'} | {last} | {equal} |")
+    return 0 if all(r.rc == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
