@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from csrun.torch.r1 import framework, modes, settings
 def fresh_r1() -> None:
     settings.reset_for_tests()
     r1_amp.reset_for_tests()
+    framework.reset_for_tests()
 
 
 class Net(nn.Module):
@@ -46,10 +48,12 @@ def data() -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def eager_losses(steps: int, max_norm: float) -> list[float]:
+def eager_losses(steps: int, max_norm: float, rate: Callable[[int], float] = lambda step: 0.1) -> list[float]:
     model, losses = Net(), []
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for x, y in list(DataLoader(data(), batch_size=8, drop_last=True))[:steps]:
+    for step, (x, y) in enumerate(list(DataLoader(data(), batch_size=8, drop_last=True))[:steps]):
+        for group in opt.param_groups:
+            group["lr"] = rate(step)
         opt.zero_grad()
         loss = model(x.float(), y.long())
         loss.backward()
@@ -100,3 +104,25 @@ def test_compile_returns_whether_the_step_compiled(tmp_path: Path, validate: boo
         break
     assert framework.compile(fabric_config_file=None, validate_only=validate) is True
     assert bool(list(tmp_path.glob("cs_*/spec.json"))) == (not validate)
+
+
+def test_the_zoos_device_schedule_runs_and_its_lambdalr_beside_it_changes_nothing(tmp_path: Path) -> None:
+    """The zoo builds cbtorch's scheduler (the device's schedule) and a torch LambdaLR on
+    ``optimizer._optimizer`` whose step() it overrides; the device runs the schedule."""
+    framework.initialize(service_workdir=str(tmp_path), compile_dir=str(tmp_path), cs_ip="embedded:9000")
+    model = cbtorch.module(Net())
+    opt = framework.optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    r1_amp.GradScaler(loss_scale=None, mixed_precision=False)  # the zoo builds one on every CS run: float32 here
+    framework.optim.lr_scheduler.Exponential(opt, 0.1, 2, 0.5, False, False)
+    torch.optim.lr_scheduler.LambdaLR(opt._optimizer, lambda step: 1.0)
+    loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
+    losses: list[float] = []
+    with cbtorch.Session(loader, modes.TRAIN, report=False):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
+    want = eager_losses(8, 1e9, lambda step: 0.1 * 0.5 ** (step / 2))
+    assert losses == pytest.approx(want, abs=1e-5)

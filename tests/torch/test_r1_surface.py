@@ -24,6 +24,7 @@ from csrun.torch.r1 import amp as r1_amp
 from csrun.torch.r1 import framework, modes, settings
 from csrun.torch.r1.unsupported import LegacyNameError
 from csrun.torch.r1.xla import SampleGenerator
+from csrun.errors import UserError
 
 GATE = Path(__file__).parent / "scripts" / "zoo_shaped_gate.py"
 
@@ -35,10 +36,12 @@ def lone_chief(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     state_mod.reset_for_tests()
     settings.reset_for_tests()
     r1_amp.reset_for_tests()
+    framework.reset_for_tests()
     yield
     state_mod.reset_for_tests()
     settings.reset_for_tests()
     r1_amp.reset_for_tests()
+    framework.reset_for_tests()
 
 
 def test_a_zoo_shaped_gate_takes_csrun_and_never_its_fallback() -> None:
@@ -62,7 +65,8 @@ def test_without_the_shim_the_same_gate_falls_back() -> None:
 
 @pytest.mark.parametrize("use", [
     lambda: framework.nn.StripPadding(),
-    lambda: framework.optim.lr_scheduler.Constant(None, 0.1, 10, False),
+    lambda: framework.optim.lr_scheduler.Lambda(None, 0.1, False),
+    lambda: framework.optim.lr_scheduler.Step(None, 0.1, 0.5, 10, True),
     lambda: framework.utils.nest.visit_xla_tensors({}),
     lambda: framework.appliance.ApplianceMode({}, None),
     lambda: cm.print_metrics_report(),
@@ -89,7 +93,7 @@ def test_cb_model_keeps_the_r16_meanings(tmp_path: Path) -> None:
     assert cm.metrics_counter_value("CerebrasCompileTimeMs") is None  # nothing compiled on the CPU
     model = cbtorch.module(torch.nn.Linear(2, 1))
     opt = framework.optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    assert isinstance(opt, framework.Optimizer) and opt._optimizer is opt
+    assert isinstance(opt, framework.Optimizer) and opt._optimizer.param_groups[0]["params"] == opt.param_groups[0]["params"]
     assert not isinstance(torch.optim.SGD(model.parameters(), lr=0.1), framework.Optimizer)
     assert opt.convert_state_dict_for_checkpoint({"a": 1}) == {"a": 1}
     for _ in range(3):
@@ -166,3 +170,16 @@ def test_a_presharded_loader_is_the_shard_and_a_mismatched_one_is_refused() -> N
                                                               rank=0)
     with pytest.raises(DataLoaderError, match="pads its shard with repeated samples"):
         plan_shard(DataLoader(TensorDataset(torch.arange(25)), batch_size=4, sampler=padded, drop_last=True), 0, 2)
+
+
+def test_r16_device_schedulers_are_the_segments_of_the_compiles_schedule() -> None:
+    sched = framework.optim.lr_scheduler
+    sched.Constant(None, 0.01, 5, False)
+    assert settings.current().learning_rate == {"scheduler": "Constant", "learning_rate": 0.01, "steps": 5}
+    sched.Exponential(None, 0.1, 2, 0.5, True, False)
+    assert settings.current().learning_rate == [
+        {"scheduler": "Constant", "learning_rate": 0.01, "steps": 5},
+        {"scheduler": "Exponential", "initial_learning_rate": 0.1, "decay_steps": 2, "decay_rate": 0.5,
+         "staircase": True}]
+    with pytest.raises(UserError, match="decay_rate"):
+        sched.Exponential(None, 0.1, 2, "fast", True, False)

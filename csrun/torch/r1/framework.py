@@ -8,9 +8,16 @@
   the loop ran on a compile-only run, and return whether it passed (R1.6 compiled here).
 - :func:`env`: ``weight_streaming_mode``, ``appliance``, ``service_workdir``.
 - :func:`optimizer`: the optimizer as R1.6's wrapper showed it: an instance of
-  :class:`optim.Optimizer <Optimizer>`, with ``_optimizer`` (itself),
-  ``convert_state_dict_for_checkpoint`` (as it is, unless the optimizer defines its own) and a
-  ``gradient_clipper`` slot; ``set_main_lr_scheduler`` is weight streaming's.
+  :class:`optim.Optimizer <Optimizer>`, with ``_optimizer`` (the torch optimizer under the
+  wrapper: copies of its param groups over the same weights, so a torch scheduler built on it,
+  as the zoo builds its ``LambdaLR`` beside the device's schedule, changes no update; its
+  ``step()`` does nothing, the device updates), ``convert_state_dict_for_checkpoint`` (as it is, unless the
+  optimizer defines its own); ``set_main_lr_scheduler`` is weight streaming's.
+- ``optim.lr_scheduler.{Constant, Polynomial, Exponential, InverseExponentialTimeDecay,
+  CosineDecay, MultiStep, Step, CosineAnnealing}(optimizer, ...)`` with R1.6's positional
+  arguments: each is one segment of the device's schedule, in the order built (the zoo builds a
+  list's segments one after another, each ``decay_steps`` long), handed over as the compile's
+  ``learning_rate``; ``Lambda`` and ``disable_lr_steps_reset=True`` refuse.
 - ``data.DataLoader`` and ``utils.data.dataloader.DataLoader`` are csrun's streaming loader
   (:class:`~csrun.torch.dataloader.StreamingDataLoader`); ``nn.StripPadding``,
   ``utils.nest.{visit,map}_xla_tensors`` and ``core.appliance.ApplianceMode`` import and refuse
@@ -28,6 +35,7 @@ from typing import Any, Iterator
 import torch
 
 from csrun.driver.driver import DeviceDriver
+from csrun.program.schedules import build_schedule
 from csrun.torch import optimizer as csrun_optimizer
 from csrun.torch.dataloader import StreamingDataLoader
 from csrun.torch.process_state import State, state
@@ -99,12 +107,25 @@ def _as_it_is(state_dict: dict[str, Any]) -> dict[str, Any]:
     return state_dict
 
 
+class _Underlying(torch.optim.Optimizer):
+    """``optimizer._optimizer``: copies of the wrapped optimizer's param groups (the same weights)
+    and its state; what a scheduler writes into them changes no update; ``step()`` does nothing."""
+
+    def __init__(self, wrapped: torch.optim.Optimizer) -> None:
+        super().__init__([torch.zeros(0, requires_grad=True)], {})
+        self.param_groups = [dict(group) for group in wrapped.param_groups]
+        self.state, self.defaults = wrapped.state, wrapped.defaults
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        """Nothing: the device runs the update."""
+
+
 def optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """R1.6's ``cbtorch.optimizer``: csrun's, showing the wrapper's attributes (module manual)."""
     prepared = csrun_optimizer(opt)
     setattr(prepared, _PREPARED, True)
     if not hasattr(prepared, "_optimizer"):
-        prepared._optimizer = prepared  # type: ignore[attr-defined]
+        prepared._optimizer = _Underlying(prepared)  # type: ignore[attr-defined]
     if not hasattr(prepared, "convert_state_dict_for_checkpoint"):
         prepared.convert_state_dict_for_checkpoint = _as_it_is  # type: ignore[attr-defined]
     if not hasattr(prepared, "set_main_lr_scheduler"):
@@ -120,16 +141,53 @@ def name_scope(name: str) -> Iterator[None]:
     yield
 
 
-_LR_SCHEDULERS = ("Constant", "Polynomial", "Exponential", "InverseExponentialTimeDecay", "CosineDecay",
-                  "MultiStep", "Step", "CosineAnnealing", "Lambda")
-_LR_WHY = ("R1.6's device-side schedulers are not wired yet; give the schedule as the params YAML's "
-           "learning_rate to csrun's run.py, or use torch's schedulers (they become the device's)")
+_SEGMENT_KEYS: dict[str, tuple[str, ...]] = {
+    "Constant": ("learning_rate", "steps"),
+    "Polynomial": ("initial_learning_rate", "end_learning_rate", "decay_steps", "power", "cycle"),
+    "Exponential": ("initial_learning_rate", "decay_steps", "decay_rate", "staircase"),
+    "InverseExponentialTimeDecay": ("initial_learning_rate", "step_exponent", "decay_steps", "decay_rate",
+                                    "staircase"),
+    "CosineDecay": ("initial_learning_rate", "end_learning_rate", "decay_steps"),
+    "MultiStep": ("learning_rate", "gamma", "milestones"),
+    "Step": ("learning_rate", "gamma", "step_size"),
+    "CosineAnnealing": ("learning_rate", "t_max", "eta_min"),
+}
+"""R1.6's device-side scheduler -> the legacy ``learning_rate`` keys of its positional arguments."""
+_segments: list[dict[str, Any]] = []
+
+
+def _lr_scheduler(name: str) -> Any:
+    keys = _SEGMENT_KEYS[name]
+
+    def build(optimizer: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        values = dict(zip(keys + ("disable_lr_steps_reset",), args))
+        values.update(kwargs)
+        if values.pop("disable_lr_steps_reset", False):
+            refuse(f"cbtorch.optim.lr_scheduler.{name}(disable_lr_steps_reset=True)",
+                   "each segment of the device's schedule counts its steps from its own start")
+        segment = {"scheduler": name, **{k: v for k, v in values.items() if v is not None}}
+        build_schedule(segment)  # a bad value fails here, naming it
+        _segments.append(segment)
+        settings.update(learning_rate=_segments[0] if len(_segments) == 1 else list(_segments))
+        return segment
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = f"R1.6's device-side ``{name}`` schedule segment (module manual)."
+    return build
+
+
+def reset_for_tests() -> None:
+    """Forget the schedule segments (tests only)."""
+    _segments.clear()
 
 data = SimpleNamespace(DataLoader=StreamingDataLoader)
 """``cbtorch.data``."""
 optim = SimpleNamespace(
     Optimizer=Optimizer,
-    lr_scheduler=SimpleNamespace(**{n: unsupported(f"cbtorch.optim.lr_scheduler.{n}", _LR_WHY) for n in _LR_SCHEDULERS}))
+    lr_scheduler=SimpleNamespace(
+        Lambda=unsupported("cbtorch.optim.lr_scheduler.Lambda", "an arbitrary Python function of the step is not "
+                           "a device schedule; use one of the named schedulers"),
+        **{n: _lr_scheduler(n) for n in _SEGMENT_KEYS}))
 """``cbtorch.optim``."""
 nn = SimpleNamespace(StripPadding=unsupported_class(
     "cbtorch.nn.StripPadding", "variable tensor shapes are a system kernel; set model.enable_vts: False"))
