@@ -167,21 +167,103 @@ class AdamWNoBiasCorrection(_AdamMoments):
         return loss
 
 
+class BetaPowerAdam(torch.optim.Optimizer):
+    """The R1.x Model Zoo's Adam / AdamW, as the wafer ran them: bias correction from running
+    ``beta1_power`` / ``beta2_power`` tensors (initialised to the betas, multiplied each step) rather
+    than ``beta ** step``; an L2 term added to the gradient (``l2_regularization_rate``: the zoo's
+    Adam) and a decoupled decay added to the update (``weight_decay``: its AdamW).
+
+    Per parameter: ``g += l2 * p``; ``m = b1 m + (1-b1) g``; ``v = b2 v + (1-b2) g^2``;
+    ``u = m / (sqrt(v or max(v)) + eps)``; with ``correct_bias``: ``u *= sqrt(1 - b2_power) /
+    (1 - b1_power)``, then both powers times their beta; ``u += wd * p``; ``p -= lr * u``. State is
+    created before the first step, as the zoo's ``preinitialize`` does. The compiler picks it for a
+    torch optimizer whose groups carry ``l2_regularization_rate`` (the zoo's ``AdamBase`` family).
+    """
+
+    legacy_type = "adamw"
+    """The legacy type the compiler reads off this class."""
+    legacy_hyperparameters = {"beta_powers": True}
+    """What the spec needs besides the param group to rebuild this class."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = DEFAULT_BETAS,
+                 eps: float = 1e-6, weight_decay: float = 0.0, l2_regularization_rate: float = 0.0,
+                 correct_bias: bool = True, amsgrad: bool = False, beta_powers: bool = True) -> None:
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1) or not (0 <= betas[1] < 1):
+            raise SpecError(f"adamw: invalid hyperparameters lr={lr} eps={eps} betas={betas}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      l2_regularization_rate=l2_regularization_rate, correct_bias=correct_bias,
+                                      amsgrad=amsgrad))
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._initial_state(self.state[p], p, group)
+
+    @staticmethod
+    def _initial_state(st: dict[str, Any], p: torch.Tensor, group: dict[str, Any]) -> None:
+        st["exp_avg"] = torch.zeros_like(p)
+        st["exp_avg_sq"] = torch.zeros_like(p)
+        if group["amsgrad"]:
+            st["max_exp_avg_sq"] = torch.zeros_like(p)
+        if group["correct_bias"]:
+            b1, b2 = group["betas"]
+            st["beta1_power"] = torch.tensor(b1, device=p.device)
+            st["beta2_power"] = torch.tensor(b2, device=p.device)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Apply one update to every parameter with a gradient (the formula above)."""
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if "exp_avg" not in st:  # e.g. a loaded state without this parameter's moments
+                    self._initial_state(st, p, group)
+                grad = p.grad
+                if group["l2_regularization_rate"] > 0.0:
+                    grad = grad.add(p, alpha=group["l2_regularization_rate"])
+                m, v = st["exp_avg"], st["exp_avg_sq"]
+                m.mul_(b1).add_(grad, alpha=1.0 - b1)
+                v.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
+                if group["amsgrad"]:
+                    torch.maximum(st["max_exp_avg_sq"], v, out=st["max_exp_avg_sq"])
+                    denom = st["max_exp_avg_sq"].sqrt().add_(group["eps"])
+                else:
+                    denom = v.sqrt().add_(group["eps"])
+                update = m / denom
+                if group["correct_bias"]:
+                    one = torch.tensor(1.0, dtype=torch.float32, device=p.device)
+                    update *= torch.sqrt(one - st["beta2_power"]) / (one - st["beta1_power"])
+                    st["beta1_power"] *= b1
+                    st["beta2_power"] *= b2
+                if group["weight_decay"] > 0.0:
+                    update.add_(p, alpha=group["weight_decay"])
+                update *= group["lr"]
+                p.sub_(update)
+        return loss
+
+
 def _class_for(name: str, hp: dict[str, Any]) -> type[torch.optim.Optimizer]:
     if name == "lamb":
         return Lamb
+    if name in ("adam", "adamw") and ("l2_regularization_rate" in hp or hp.get("beta_powers")):
+        return BetaPowerAdam
     if name == "adamw" and hp.get("correct_bias", True) is False:
         return AdamWNoBiasCorrection
     return getattr(torch.optim, OPTIMIZERS[name].class_name)
 
 
 def _map_legacy(name: str, hp: dict[str, Any]) -> dict[str, Any]:
-    """Legacy params keys to torch keyword arguments (pairs as tuples; ``correct_bias`` chose the class)."""
+    """Legacy params keys to torch keyword arguments (pairs as tuples; ``correct_bias`` chose the
+    class, except for :class:`BetaPowerAdam`, which takes it)."""
     try:
         out = torch_hyperparameters(name, hp)
     except ValueError as exc:
         raise SpecError(f"optimizer: {exc}") from None
-    if name == "adamw":
+    if _class_for(name, hp) is BetaPowerAdam:
+        pass
+    elif name == "adamw":
         out.pop("correct_bias", None)
     elif "correct_bias" in out:
         raise SpecError(f"optimizer: correct_bias applies to adamw only, not {name}")
@@ -305,9 +387,9 @@ def preinitialize_state(optimizer: torch.optim.Optimizer) -> None:
     are rewound (``step`` to 0, NAdam ``mu_product`` to 1, ASGD ``eta`` to the lr, ``mu`` to 1,
     ``ax`` to 0). The state is then exactly what the first real step would have created, so
     training matches an eager loop bit for bit. Optimizers that create state eagerly
-    (:class:`Lamb`, :class:`AdamWNoBiasCorrection`) are left alone.
+    (:class:`Lamb`, :class:`AdamWNoBiasCorrection`, :class:`BetaPowerAdam`) are left alone.
     """
-    if isinstance(optimizer, (Lamb, AdamWNoBiasCorrection)):
+    if isinstance(optimizer, (Lamb, AdamWNoBiasCorrection, BetaPowerAdam)):
         return
     params = [p for g in optimizer.param_groups for p in g["params"]]
     saved = [p.detach().clone() for p in params]

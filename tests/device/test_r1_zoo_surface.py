@@ -126,3 +126,74 @@ def test_the_zoos_device_schedule_runs_and_its_lambdalr_beside_it_changes_nothin
             cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
     want = eager_losses(8, 1e9, lambda step: 0.1 * 0.5 ** (step / 2))
     assert losses == pytest.approx(want, abs=1e-5)
+
+
+class AdamW(torch.optim.Optimizer):
+    """Shaped like the R1.x zoo's AdamBase family (user code the device must follow): running beta
+    powers for bias correction, an L2 term on the gradient, decoupled decay on the update."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,  # noqa: ANN001
+                 l2_regularization_rate=0.0, correct_bias=True, amsgrad=False) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      l2_regularization_rate=l2_regularization_rate, correct_bias=correct_bias,
+                                      amsgrad=amsgrad))
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                if amsgrad:
+                    state["max_exp_avg_sq"] = torch.zeros_like(p)
+                if correct_bias:
+                    state["beta1_power"], state["beta2_power"] = torch.tensor(betas[0]), torch.tensor(betas[1])
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001, ANN201
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state, grad = self.state[p], p.grad
+                if group["l2_regularization_rate"] > 0:
+                    grad = grad.add(p, alpha=group["l2_regularization_rate"])
+                state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                second = state["exp_avg_sq"]
+                if group["amsgrad"]:
+                    torch.maximum(state["max_exp_avg_sq"], second, out=state["max_exp_avg_sq"])
+                    second = state["max_exp_avg_sq"]
+                update = state["exp_avg"] / second.sqrt().add_(group["eps"])
+                if group["correct_bias"]:
+                    one = torch.tensor(1.0)
+                    update *= torch.sqrt(one - state["beta2_power"]) / (one - state["beta1_power"])
+                    state["beta1_power"] *= beta1
+                    state["beta2_power"] *= beta2
+                if group["weight_decay"] > 0:
+                    update.add_(p, alpha=group["weight_decay"])
+                update *= group["lr"]
+                p.sub_(update)
+
+
+@pytest.mark.parametrize("hyper", [dict(weight_decay=0.01), dict(l2_regularization_rate=0.01, amsgrad=True),
+                                   dict(correct_bias=False, weight_decay=0.01)])
+def test_the_zoos_adam_family_trains_on_the_device_as_its_class_computes(tmp_path: Path, hyper: dict) -> None:
+    def run(cs_ip: str | None) -> list[float]:
+        settings.reset_for_tests()
+        from csrun.torch import process_state as state_mod
+        state_mod.reset_for_tests()
+        framework.initialize(service_workdir=str(tmp_path / str(cs_ip)), cs_ip=cs_ip)
+        model = cbtorch.module(Net())
+        opt = framework.optimizer(AdamW(model.parameters(), lr=0.01, **hyper))
+        r1_amp.GradScaler(mixed_precision=False)
+        loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
+        losses: list[float] = []
+        with cbtorch.Session(loader, modes.TRAIN, report=False):
+            for x, y in loader:
+                opt.zero_grad()
+                loss = model(x.float(), y.long())
+                loss.backward()
+                opt.step()
+                cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
+        return losses
+
+    assert run("embedded") == run(None)  # float32, bit for bit (the first step is also checked against eager)
