@@ -13,6 +13,8 @@ runs it as a user would, from the zoo's root, with ``--legacy-imports``:
 - ``csrun_cpu`` on the CPU (the reference), then with ``--cs_ip embedded`` (the zoo appends
   ``:9000``), ``--compile_only``, ``--validate_only``, and ``--mode eval`` from the trained
   checkpoint on both paths;
+- the same training with the zoo's own ``AdamW`` (``weight_decay_rate: 0.01``,
+  ``correct_bias: True``) on the CPU and on the embedded device;
 - ``csrun_wse --total-nodes 3`` (a chief and two streamers; the zoo shards its own input over
   them) with ``--cs_ip embedded``, when a Slurm cluster answers (``SLURM_CONF``).
 
@@ -156,16 +158,20 @@ def main() -> int:
     make_mnist(work / "data", samples=64 * (args.steps + 2))
     params = work / "params.yaml"
     params.write_text(PARAMS.format(data=work / "data", steps=args.steps))
+    adamw = work / "adamw.yaml"
+    adamw.write_text(PARAMS.format(data=work / "data", steps=args.steps).replace(
+        '    optimizer_type: "SGD"\n', '    optimizer_type: "AdamW"\n    weight_decay_rate: 0.01\n    correct_bias: True\n'
+    ).replace("    momentum: 0.9\n", ""))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join([str(STAND_INS), str(deps), str(zoo)])}
     cpu = ["csrun_cpu", "--legacy-imports", "python-pt", str(script)]
     wse = ["csrun_wse", "--legacy-imports", "--total-nodes", "3", "python-pt", str(script)]
 
-    def flags(mode: str, model_dir: str, *extra: str) -> list[str]:
+    def flags(mode: str, model_dir: str, *extra: str, config: Path = params) -> list[str]:
         target = work / model_dir
         if mode == "train":
             shutil.rmtree(target, ignore_errors=True)
-        return ["--mode", mode, "--params", str(params), "--model_dir", str(target), *extra]
+        return ["--mode", mode, "--params", str(config), "--model_dir", str(target), *extra]
 
     checkpoint = f"checkpoint_{args.steps}.mdl"
     results = [
@@ -177,13 +183,18 @@ def main() -> int:
         run("embedded eval", cpu + flags("eval", "embedded", "--cs_ip", "embedded", "--checkpoint_path",
                                          str(work / "embedded" / checkpoint)), zoo, env),
     ]
+    results += [
+        run("CPU train, AdamW", cpu + flags("train", "cpu-adamw", config=adamw), zoo, env),
+        run("embedded train, AdamW", cpu + flags("train", "embedded-adamw", "--cs_ip", "embedded", config=adamw),
+            zoo, env),
+    ]
     if os.environ.get("SLURM_CONF"):
         results.append(run("3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env))
-    reference = {"Train": results[0], "Eval": results[4]}
+    reference = {"Train": results[0], "Eval": results[4], "AdamW": results[6]}
     print("| run | command (from the zoo's root) | exit | last step | last loss | losses = CPU path's (1e-5) |")
     print("|---|---|---|---|---|---|")
     for r in results:
-        ref = reference["Eval" if "eval" in r.name else "Train"]
+        ref = reference["Eval" if "eval" in r.name else "AdamW" if "AdamW" in r.name else "Train"]
         equal = "(reference)" if r is ref else ("-" if "tasks" in r.name else same(r, ref))
         if r.average_eval_loss is not None and "eval" in r.name and r is not ref:
             equal += f" (avg eval loss {r.average_eval_loss:.6f} vs {ref.average_eval_loss:.6f})"
