@@ -16,12 +16,16 @@ runs it as a user would, from the zoo's root, with ``--legacy-imports``:
 - the same training with the zoo's own ``AdamW`` (``weight_decay_rate: 0.01``,
   ``correct_bias: True``) on the CPU and on the embedded device;
 - ``csrun_wse --total-nodes 3`` (a chief and two streamers; the zoo shards its own input over
-  them) with ``--cs_ip embedded``, when a Slurm cluster answers (``SLURM_CONF``).
+  them) with ``--cs_ip embedded``, when a Slurm cluster answers (``SLURM_CONF``);
+- a tiny GPT-2 (``transformers/pytorch/gpt2/run.py``, synthetic ``GptHDF5DataProcessor`` files, a
+  file per streamer) on the CPU, the embedded device and three tasks.
 
 The zoo's own Python dependencies are the user's: ``torchvision`` (its PyPI wheel does not load
 against the CPU torch this project pins) and ``nltk`` come from the small stand-ins in
-``bench/compat/stand_ins``; ``keras_preprocessing`` (and ``six``) are installed into ``--deps``
-(default ``WORK/deps``) with ``pip install --target`` unless they are there.
+``bench/compat/stand_ins`` (and ``transformers.utils.versions``, the one name its Hugging Face
+code imports); ``keras_preprocessing``, ``six`` and ``regex`` are installed into ``--deps``
+(default ``WORK/deps``) with ``pip install --target`` unless they are there. (The zoo's BERT also
+pins ``tokenizers<0.11``, which has no wheel for Python 3.11: it is not in the table.)
 
 Prints one markdown table: each command, its exit code, the last step it logged, its last
 loss, and whether its losses equal the CPU path's (to 1e-5).
@@ -81,6 +85,21 @@ runconfig:
 """
 
 
+GPT2_PARAMS = """\
+train_input: {{data_processor: GptHDF5DataProcessor, data_dir: "{data}/train", max_sequence_length: 16,
+               batch_size: 4, shuffle: False, num_workers: 1}}
+eval_input: {{data_processor: GptHDF5DataProcessor, data_dir: "{data}/val", max_sequence_length: 16,
+              batch_size: 4, shuffle: False, num_workers: 1}}
+model: {{vocab_size: 64, hidden_size: 32, num_hidden_layers: 2, num_heads: 2, filter_size: 64, dropout_rate: 0.0,
+         attention_dropout_rate: 0.0, attention_type: scaled_dot_product, position_embedding_type: learned,
+         max_position_embeddings: 16, mixed_precision: False}}
+optimizer: {{optimizer_type: AdamW, learning_rate: 0.001, weight_decay_rate: 0.01}}
+runconfig: {{max_steps: {steps}, log_steps: 1, checkpoint_steps: {steps}, seed: 1}}
+"""
+"""A tiny GPT-2 (``num_workers: 1``: R1.6's loader passes ``prefetch_factor`` even without workers,
+which today's torch refuses)."""
+
+
 @dataclass
 class Result:
     """One command's outcome."""
@@ -114,10 +133,26 @@ def make_mnist(data: Path, samples: int) -> None:
 
 def ensure_deps(deps: Path) -> None:
     """The zoo's start-up imports that have no stand-in, installed into ``deps`` when missing."""
-    if (deps / "keras_preprocessing").is_dir():
+    if (deps / "keras_preprocessing").is_dir() and (deps / "regex").is_dir():
         return
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps),
-                    "keras_preprocessing", "six"], check=True)
+                    "keras_preprocessing", "six", "regex"], check=True)
+
+
+def make_gpt2(data: Path, msl: int = 16) -> None:
+    """Two ``GptHDF5DataProcessor`` files per split (``example_i``: int32 ids, mask, next ids)."""
+    import h5py
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        (data / split).mkdir(parents=True, exist_ok=True)
+        for f in range(2):
+            with h5py.File(data / split / f"data_{f}.h5", "w") as h5:
+                h5.attrs["n_examples"] = 16
+                for i in range(16):
+                    ids = rng.integers(0, 64, msl + 1)
+                    h5.create_dataset(f"example_{i}", data=np.stack([ids[:-1], np.ones(msl, np.int64), ids[1:]])
+                                      .astype(np.int32))
 
 
 def run(name: str, argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
@@ -183,18 +218,30 @@ def main() -> int:
         run("embedded eval", cpu + flags("eval", "embedded", "--cs_ip", "embedded", "--checkpoint_path",
                                          str(work / "embedded" / checkpoint)), zoo, env),
     ]
+    make_gpt2(work / "gpt2")
+    gpt2 = work / "gpt2.yaml"
+    gpt2.write_text(GPT2_PARAMS.format(data=work / "gpt2", steps=min(args.steps, 8)))
+    gpt2_script = str(zoo / "modelzoo" / "transformers" / "pytorch" / "gpt2" / "run.py")
     results += [
         run("CPU train, AdamW", cpu + flags("train", "cpu-adamw", config=adamw), zoo, env),
         run("embedded train, AdamW", cpu + flags("train", "embedded-adamw", "--cs_ip", "embedded", config=adamw),
             zoo, env),
     ]
+    results += [
+        run("GPT-2 CPU train", cpu[:-1] + [gpt2_script] + flags("train", "gpt2-cpu", config=gpt2), zoo, env),
+        run("GPT-2 embedded train", cpu[:-1] + [gpt2_script] +
+            flags("train", "gpt2-embedded", "--cs_ip", "embedded", config=gpt2), zoo, env),
+    ]
     if os.environ.get("SLURM_CONF"):
         results.append(run("3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env))
-    reference = {"Train": results[0], "Eval": results[4], "AdamW": results[6]}
+        results.append(run("GPT-2 3 tasks train", wse[:-1] + [gpt2_script] +
+                           flags("train", "gpt2-wse", "--cs_ip", "embedded", config=gpt2), zoo, env))
+    reference = {"Train": results[0], "Eval": results[4], "AdamW": results[6], "GPT-2": results[8]}
     print("| run | command (from the zoo's root) | exit | last step | last loss | losses = CPU path's (1e-5) |")
     print("|---|---|---|---|---|---|")
     for r in results:
-        ref = reference["Eval" if "eval" in r.name else "AdamW" if "AdamW" in r.name else "Train"]
+        ref = reference["Eval" if "eval" in r.name else "AdamW" if "AdamW" in r.name
+                        else "GPT-2" if "GPT-2" in r.name else "Train"]
         equal = "(reference)" if r is ref else ("-" if "tasks" in r.name else same(r, ref))
         if r.average_eval_loss is not None and "eval" in r.name and r is not ref:
             equal += f" (avg eval loss {r.average_eval_loss:.6f} vs {ref.average_eval_loss:.6f})"
