@@ -13,6 +13,7 @@ runs it as a user would, from the zoo's root, with ``--legacy-imports``:
 - ``csrun_cpu`` on the CPU (the reference), then with ``--cs_ip embedded`` (the zoo appends
   ``:9000``), ``--compile_only``, ``--validate_only``, and ``--mode eval`` from the trained
   checkpoint on both paths;
+- the same training against a ``cs_emulator`` server (``--cs_ip 127.0.0.1:PORT``, a fresh token);
 - the same training with the zoo's own ``AdamW`` (``weight_decay_rate: 0.01``,
   ``correct_bias: True``) on the CPU and on the embedded device;
 - ``csrun_wse --total-nodes 3`` (a chief and two streamers; the zoo shards its own input over
@@ -36,7 +37,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -168,6 +171,25 @@ def run(name: str, argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
                   losses=[loss for _, loss in steps], average_eval_loss=float(avg.group(1)) if avg else None)
 
 
+def remote_run(argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
+    """``argv`` with ``--cs_ip`` at a ``cs_emulator`` started for it (a fresh token), which is stopped after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**env, "CSRUN_EMULATOR_TOKEN": secrets.token_hex(24)}
+    server = subprocess.Popen([str(BIN / "cs_emulator"), "--listen", f"127.0.0.1:{port}"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:  # its first line says it listens
+            if "listening on" in line:
+                break
+        return run("cs_emulator train", argv + ["--cs_ip", f"127.0.0.1:{port}"], zoo, env)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def same(a: Result, b: Result) -> str:
     """Whether two runs logged the same losses (to 1e-5)."""
     if not a.losses or len(a.losses) != len(b.losses):
@@ -218,6 +240,7 @@ def main() -> int:
         run("embedded eval", cpu + flags("eval", "embedded", "--cs_ip", "embedded", "--checkpoint_path",
                                          str(work / "embedded" / checkpoint)), zoo, env),
     ]
+    results.append(remote_run(cpu + flags("train", "remote"), zoo, env))
     make_gpt2(work / "gpt2")
     gpt2 = work / "gpt2.yaml"
     gpt2.write_text(GPT2_PARAMS.format(data=work / "gpt2", steps=min(args.steps, 8)))
@@ -236,7 +259,7 @@ def main() -> int:
         results.append(run("3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env))
         results.append(run("GPT-2 3 tasks train", wse[:-1] + [gpt2_script] +
                            flags("train", "gpt2-wse", "--cs_ip", "embedded", config=gpt2), zoo, env))
-    reference = {"Train": results[0], "Eval": results[4], "AdamW": results[6], "GPT-2": results[8]}
+    reference = {"Train": results[0], "Eval": results[4], "AdamW": results[7], "GPT-2": results[9]}
     print("| run | command (from the zoo's root) | exit | last step | last loss | losses = CPU path's (1e-5) |")
     print("|---|---|---|---|---|---|")
     for r in results:
