@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence, cast
 
 import torch
 
@@ -47,12 +47,20 @@ class _AdamMoments(torch.optim.Optimizer):
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
-                self._zero_moments(self.state[p], p)
+                self._initial_state(self.state[p], p, group)
 
     @staticmethod
     def _zero_moments(st: dict[str, Any], p: torch.Tensor) -> None:
         st["exp_avg"] = torch.zeros_like(p)
         st["exp_avg_sq"] = torch.zeros_like(p)
+
+    def _initial_state(self, st: dict[str, Any], p: torch.Tensor, group: dict[str, Any]) -> None:
+        """The state of ``p`` before its first step (the moments at zero)."""
+        self._zero_moments(st, p)
+
+    def _gradient(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """The gradient the moments take (``p.grad``; step() skips weights without one)."""
+        return cast(torch.Tensor, p.grad)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -65,10 +73,11 @@ class _AdamMoments(torch.optim.Optimizer):
                     continue
                 st = self.state[p]
                 if "exp_avg" not in st:  # e.g. a loaded state without this parameter's moments
-                    self._zero_moments(st, p)
+                    self._initial_state(st, p, group)
+                grad = self._gradient(p, group)
                 m, v = st["exp_avg"], st["exp_avg_sq"]
-                m.mul_(b1).add_(p.grad, alpha=1 - b1)
-                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                m.mul_(b1).add_(grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
                 self._apply(p, m, v, group)
         return loss
 
@@ -167,7 +176,7 @@ class AdamWNoBiasCorrection(_AdamMoments):
         return loss
 
 
-class BetaPowerAdam(torch.optim.Optimizer):
+class BetaPowerAdam(_AdamMoments):
     """The R1.x Model Zoo's Adam / AdamW, as the wafer ran them: bias correction from running
     ``beta1_power`` / ``beta2_power`` tensors (initialised to the betas, multiplied each step) rather
     than ``beta ** step``; an L2 term added to the gradient (``l2_regularization_rate``: the zoo's
@@ -193,14 +202,10 @@ class BetaPowerAdam(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       l2_regularization_rate=l2_regularization_rate, correct_bias=correct_bias,
                                       amsgrad=amsgrad))
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._initial_state(self.state[p], p, group)
 
-    @staticmethod
-    def _initial_state(st: dict[str, Any], p: torch.Tensor, group: dict[str, Any]) -> None:
-        st["exp_avg"] = torch.zeros_like(p)
-        st["exp_avg_sq"] = torch.zeros_like(p)
+    def _initial_state(self, st: dict[str, Any], p: torch.Tensor, group: dict[str, Any]) -> None:
+        """The zero moments, and the amsgrad maximum and the beta powers where the group uses them."""
+        self._zero_moments(st, p)
         if group["amsgrad"]:
             st["max_exp_avg_sq"] = torch.zeros_like(p)
         if group["correct_bias"]:
@@ -208,46 +213,37 @@ class BetaPowerAdam(torch.optim.Optimizer):
             st["beta1_power"] = torch.tensor(b1, device=p.device)
             st["beta2_power"] = torch.tensor(b2, device=p.device)
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        """Apply one update to every parameter with a gradient (the formula above)."""
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
+    def _gradient(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """``p.grad``, plus the L2 term."""
+        grad = cast(torch.Tensor, p.grad)
+        if group["l2_regularization_rate"] > 0.0:
+            return grad.add(p, alpha=group["l2_regularization_rate"])
+        return grad
+
+    def _apply(self, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, group: dict[str, Any]) -> None:
+        st = self.state[p]
+        if group["amsgrad"]:
+            torch.maximum(st["max_exp_avg_sq"], v, out=st["max_exp_avg_sq"])
+            denom = st["max_exp_avg_sq"].sqrt().add_(group["eps"])
+        else:
+            denom = v.sqrt().add_(group["eps"])
+        update = m / denom
+        if group["correct_bias"]:
+            one = torch.tensor(1.0, dtype=torch.float32, device=p.device)
+            update *= torch.sqrt(one - st["beta2_power"]) / (one - st["beta1_power"])
             b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if "exp_avg" not in st:  # e.g. a loaded state without this parameter's moments
-                    self._initial_state(st, p, group)
-                grad = p.grad
-                if group["l2_regularization_rate"] > 0.0:
-                    grad = grad.add(p, alpha=group["l2_regularization_rate"])
-                m, v = st["exp_avg"], st["exp_avg_sq"]
-                m.mul_(b1).add_(grad, alpha=1.0 - b1)
-                v.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
-                if group["amsgrad"]:
-                    torch.maximum(st["max_exp_avg_sq"], v, out=st["max_exp_avg_sq"])
-                    denom = st["max_exp_avg_sq"].sqrt().add_(group["eps"])
-                else:
-                    denom = v.sqrt().add_(group["eps"])
-                update = m / denom
-                if group["correct_bias"]:
-                    one = torch.tensor(1.0, dtype=torch.float32, device=p.device)
-                    update *= torch.sqrt(one - st["beta2_power"]) / (one - st["beta1_power"])
-                    st["beta1_power"] *= b1
-                    st["beta2_power"] *= b2
-                if group["weight_decay"] > 0.0:
-                    update.add_(p, alpha=group["weight_decay"])
-                update *= group["lr"]
-                p.sub_(update)
-        return loss
+            st["beta1_power"] *= b1
+            st["beta2_power"] *= b2
+        if group["weight_decay"] > 0.0:
+            update.add_(p, alpha=group["weight_decay"])
+        update *= group["lr"]
+        p.sub_(update)
 
 
 def _class_for(name: str, hp: dict[str, Any]) -> type[torch.optim.Optimizer]:
     if name == "lamb":
         return Lamb
-    if name in ("adam", "adamw") and ("l2_regularization_rate" in hp or hp.get("beta_powers")):
+    if "l2_regularization_rate" in hp or hp.get("beta_powers"):  # the R1.x zoo's Adam family
         return BetaPowerAdam
     if name == "adamw" and hp.get("correct_bias", True) is False:
         return AdamWNoBiasCorrection
