@@ -197,3 +197,48 @@ def test_the_zoos_adam_family_trains_on_the_device_as_its_class_computes(tmp_pat
         return losses
 
     assert run("embedded") == run(None)  # float32, bit for bit (the first step is also checked against eager)
+
+
+class GradientClipper:
+    """Shaped like the zoo's: the limit and torch's clipping function, called only on its CPU path."""
+
+    def __init__(self, max_gradient_norm: float = 0.0, max_gradient_value: float = 0.0) -> None:
+        self.max_gradient = max_gradient_norm or max_gradient_value
+        self.max_gradient_fn = (nn.utils.clip_grad_norm_ if max_gradient_norm else
+                                nn.utils.clip_grad_value_ if max_gradient_value else None)
+
+    def __call__(self, params) -> None:  # noqa: ANN001
+        if self.max_gradient_fn is not None:
+            self.max_gradient_fn(params, self.max_gradient)
+
+
+def test_the_optimizers_gradient_clipper_is_the_devices_clipping(tmp_path: Path) -> None:
+    """The zoo assigns ``optimizer.gradient_clipper`` and never calls it on the CS path; R1.6's
+    wrapper clipped in ``step()``: so does the device."""
+    framework.initialize(service_workdir=str(tmp_path), compile_dir=str(tmp_path), cs_ip="embedded")
+    model = cbtorch.module(Net())
+    opt = framework.optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    r1_amp.GradScaler(mixed_precision=False)
+    opt.gradient_clipper = GradientClipper(max_gradient_value=0.02)
+    assert isinstance(opt.gradient_clipper, GradientClipper) and type(opt).__name__ == "SGD"
+    loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
+    losses: list[float] = []
+    with cbtorch.Session(loader, modes.TRAIN, report=False):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
+    eager, want = Net(), []
+    ref = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    for x, y in DataLoader(data(), batch_size=8, drop_last=True):
+        ref.zero_grad()
+        loss = eager(x.float(), y.long())
+        loss.backward()
+        nn.utils.clip_grad_value_(eager.parameters(), 0.02)
+        ref.step()
+        want.append(loss.item())
+    assert losses == pytest.approx(want, abs=1e-5)
+    [spec] = tmp_path.glob("cs_*/spec.json")
+    assert json.loads(spec.read_text())["max_gradient_value"] == 0.02

@@ -12,7 +12,10 @@
   wrapper: copies of its param groups over the same weights, so a torch scheduler built on it,
   as the zoo builds its ``LambdaLR`` beside the device's schedule, changes no update; its
   ``step()`` does nothing, the device updates), ``convert_state_dict_for_checkpoint`` (as it is, unless the
-  optimizer defines its own); ``set_main_lr_scheduler`` is weight streaming's.
+  optimizer defines its own), and a ``gradient_clipper`` slot: the zoo's ``GradientClipper``
+  assigned there (``max_gradient`` with ``clip_grad_norm_`` or ``clip_grad_value_``; one that stood
+  down for the scaler's norm does nothing) becomes the compile's clipping, as R1.6's wrapper applied it
+  in ``step()``; ``set_main_lr_scheduler`` is weight streaming's.
 - ``optim.lr_scheduler.{Constant, Polynomial, Exponential, InverseExponentialTimeDecay,
   CosineDecay, MultiStep, Step, CosineAnnealing}(optimizer, ...)`` with R1.6's positional
   arguments: each is one segment of the device's schedule, in the order built (the zoo builds a
@@ -120,10 +123,48 @@ class _Underlying(torch.optim.Optimizer):
         """Nothing: the device runs the update."""
 
 
+def _clipper(opt: Any) -> Any:
+    return opt.__dict__.get("_csrun_r1_gradient_clipper")
+
+
+def _set_clipper(opt: Any, clipper: Any) -> None:
+    """The zoo's ``GradientClipper`` becomes the compile's clipping (the device clips in the update)."""
+    opt.__dict__["_csrun_r1_gradient_clipper"] = clipper
+    fn = getattr(clipper, "max_gradient_fn", None)
+    limit = getattr(clipper, "max_gradient", 0.0)
+    if fn is None or not limit:
+        return  # no clipping, or the GradScaler's max_gradient_norm clips instead
+    kind = getattr(fn, "__name__", "")
+    if kind == "clip_grad_norm_":
+        settings.update(max_gradient_norm=float(limit), max_gradient_value=None)
+    elif kind == "clip_grad_value_":
+        settings.update(max_gradient_value=float(limit), max_gradient_norm=None)
+    else:
+        refuse(f"optimizer.gradient_clipper with {kind or fn!r}", "the device clips by global norm or by value "
+               "(torch.nn.utils.clip_grad_norm_ / clip_grad_value_)")
+
+
+_WITH_SLOT: dict[type, type] = {}
+
+
+def _with_clipper_slot(opt: torch.optim.Optimizer) -> None:
+    """Give ``opt`` a ``gradient_clipper`` slot (its class, with that one property added)."""
+    cls = type(opt)
+    if isinstance(cls.__dict__.get("gradient_clipper"), property):
+        return
+    slotted = _WITH_SLOT.get(cls)
+    if slotted is None:
+        slotted = type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                              "gradient_clipper": property(_clipper, _set_clipper)})
+        _WITH_SLOT[cls] = slotted
+    opt.__class__ = slotted
+
+
 def optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """R1.6's ``cbtorch.optimizer``: csrun's, showing the wrapper's attributes (module manual)."""
     prepared = csrun_optimizer(opt)
     setattr(prepared, _PREPARED, True)
+    _with_clipper_slot(prepared)
     if not hasattr(prepared, "_optimizer"):
         prepared._optimizer = _Underlying(prepared)  # type: ignore[attr-defined]
     if not hasattr(prepared, "convert_state_dict_for_checkpoint"):
