@@ -6,30 +6,28 @@ Command (from the repository root)::
 
 ``--zoo`` is a checkout of ``Cerebras/modelzoo`` at tag ``R_1.6.0`` (``git clone --branch R_1.6.0
 https://github.com/Cerebras/modelzoo``); none of its files is edited or copied here. The check
-makes small synthetic MNIST IDX files in ``--work`` (a fresh temporary folder by default), writes
-a small ``params.yaml`` for the zoo's ``fc_mnist/pytorch/run.py`` (float32, ``max_steps`` N), and
-runs it as a user would, from the zoo's root, with ``--legacy-imports``:
+makes small synthetic data in ``--work`` (a fresh temporary folder by default): MNIST IDX files,
+``GptHDF5DataProcessor`` files (one per streamer) and a ``BertCSVDynamicMaskDataProcessor`` CSV
+with its vocab; writes small float32 params (``max_steps`` N) for the zoo's fc_mnist (with its
+SGD, and again with its own AdamW), a tiny GPT-2 and a tiny BERT; and runs each as a user would,
+from the zoo's root, with ``--legacy-imports``:
 
 - ``csrun_cpu`` on the CPU (the reference), then with ``--cs_ip embedded`` (the zoo appends
-  ``:9000``), ``--compile_only``, ``--validate_only``, and ``--mode eval`` from the trained
-  checkpoint on both paths;
-- the same training against a ``cs_emulator`` server (``--cs_ip 127.0.0.1:PORT``, a fresh token);
-- the same training with the zoo's own ``AdamW`` (``weight_decay_rate: 0.01``,
-  ``correct_bias: True``) on the CPU and on the embedded device;
+  ``:9000``), against a ``cs_emulator`` server (``--cs_ip 127.0.0.1:PORT``, a fresh token),
+  ``--compile_only``, ``--validate_only``, and ``--mode eval`` from each path's checkpoint;
 - ``csrun_wse --total-nodes 3`` (a chief and two streamers; the zoo shards its own input over
-  them) with ``--cs_ip embedded``, when a Slurm cluster answers (``SLURM_CONF``);
-- a tiny GPT-2 (``transformers/pytorch/gpt2/run.py``, synthetic ``GptHDF5DataProcessor`` files, a
-  file per streamer) on the CPU, the embedded device and three tasks.
+  them) with ``--cs_ip embedded``, train and eval, when a Slurm cluster answers (``SLURM_CONF``).
 
 The zoo's own Python dependencies are the user's: ``torchvision`` (its PyPI wheel does not load
-against the CPU torch this project pins) and ``nltk`` come from the small stand-ins in
-``bench/compat/stand_ins`` (and ``transformers.utils.versions``, the one name its Hugging Face
-code imports); ``keras_preprocessing``, ``six`` and ``regex`` are installed into ``--deps``
-(default ``WORK/deps``) with ``pip install --target`` unless they are there. (The zoo's BERT also
-pins ``tokenizers<0.11``, which has no wheel for Python 3.11: it is not in the table.)
+against the CPU torch this project pins), ``nltk`` and the one name its Hugging Face code takes
+from ``transformers`` come from the small stand-ins in ``bench/compat/stand_ins``; the pure-Python
+rest (``keras_preprocessing``, ``regex``, ``sacremoses``, an R1.6-era ``huggingface_hub``, ...) is
+installed into ``--deps`` (default ``WORK/deps``) with ``pip install --target`` unless it is there;
+its pinned ``tokenizers<0.11`` (no wheel for Python 3.11, unused here) is a placeholder there.
 
-Prints one markdown table: each command, its exit code, the last step it logged, its last
-loss, and whether its losses equal the CPU path's (to 1e-5).
+Prints one markdown table: each command, its exit code, the last step it logged, its last loss,
+and whether its losses equal its CPU run's (to 1e-5; the zoo's GPT-2 and BERT losses are float16
+values, so equal at their precision).
 """
 
 from __future__ import annotations
@@ -103,6 +101,62 @@ runconfig: {{max_steps: {steps}, log_steps: 1, checkpoint_steps: {steps}, seed: 
 which today's torch refuses)."""
 
 
+BERT_PARAMS = """\
+train_input: {{data_processor: BertCSVDynamicMaskDataProcessor, data_dir: "{data}/train", vocab_file: "{data}/vocab.txt",
+               max_sequence_length: 16, max_predictions_per_seq: 4, batch_size: 4, shuffle: False, shuffle_seed: 1,
+               num_workers: 0}}
+eval_input: {{data_processor: BertCSVDynamicMaskDataProcessor, data_dir: "{data}/val", vocab_file: "{data}/vocab.txt",
+              max_sequence_length: 16, max_predictions_per_seq: 4, batch_size: 4, shuffle: False, shuffle_seed: 1,
+              num_workers: 0}}
+model: {{vocab_size: 32, hidden_size: 32, num_hidden_layers: 2, num_heads: 2, filter_size: 64,
+         encoder_nonlinearity: gelu, dropout_rate: 0.0, attention_dropout_rate: 0.0, mlm_loss_weight: 1.0,
+         layer_norm_epsilon: 1.0e-5, mixed_precision: False}}
+optimizer: {{optimizer_type: AdamW, learning_rate: 0.0001}}
+runconfig: {{max_steps: {steps}, log_steps: 1, checkpoint_steps: {steps}, seed: 1}}
+"""
+"""A tiny BERT (dynamic masking seeded, so the CPU path repeats itself)."""
+
+
+def make_bert(data: Path) -> None:
+    """A vocab and one dynamic-masking CSV (with its ``meta.dat``) per split."""
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(20)]
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    for split in ("train", "val"):
+        (data / split).mkdir(exist_ok=True)
+        rows = []
+        for i in range(32):
+            a, b = list(rng.choice(words, 5, replace=False)), list(rng.choice(words, 6, replace=False))
+            tokens = ["[CLS]", *a, "[SEP]", *b, "[SEP]"]
+            segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+            rows.append(f'"{tokens}","{segments}",{i % 2}')
+        (data / split / "data_0.csv").write_text("tokens,segment_ids,is_random_next\n" + "\n".join(rows) + "\n")
+        (data / split / "meta.dat").write_text(f"data_0.csv {len(rows)}\n")
+
+
+def hide_tokenizers(deps: Path) -> None:
+    """The zoo's Hugging Face code checks ``tokenizers<0.11`` at import (none has a wheel for Python
+    3.11) and these runs never use it: a placeholder that raises when imported, with the pinned
+    version's metadata, stands in the deps folder."""
+    (deps / "tokenizers").mkdir(parents=True, exist_ok=True)
+    (deps / "tokenizers" / "__init__.py").write_text(
+        'raise ImportError("bench/compat/modelzoo.py: a placeholder for the zoo\'s pinned tokenizers<0.11")\n')
+    meta = deps / "tokenizers-0.10.3.dist-info"
+    meta.mkdir(exist_ok=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: tokenizers\nVersion: 0.10.3\n")
+
+
+@dataclass
+class Model:
+    """One zoo model in the table."""
+
+    name: str
+    script: Path
+    params: Path
+    steps: int
+
+
 @dataclass
 class Result:
     """One command's outcome."""
@@ -136,10 +190,11 @@ def make_mnist(data: Path, samples: int) -> None:
 
 def ensure_deps(deps: Path) -> None:
     """The zoo's start-up imports that have no stand-in, installed into ``deps`` when missing."""
-    if (deps / "keras_preprocessing").is_dir() and (deps / "regex").is_dir():
+    if (deps / "keras_preprocessing").is_dir() and (deps / "sacremoses").is_dir():
         return
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps),
-                    "keras_preprocessing", "six", "regex"], check=True)
+                    "keras_preprocessing", "six", "regex", "sacremoses", "joblib", "click", "requests", "filelock",
+                    "tqdm", "huggingface_hub==0.10.1"], check=True)
 
 
 def make_gpt2(data: Path, msl: int = 16) -> None:
@@ -171,7 +226,7 @@ def run(name: str, argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
                   losses=[loss for _, loss in steps], average_eval_loss=float(avg.group(1)) if avg else None)
 
 
-def remote_run(argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
+def remote_run(name: str, argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
     """``argv`` with ``--cs_ip`` at a ``cs_emulator`` started for it (a fresh token), which is stopped after."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -184,7 +239,7 @@ def remote_run(argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
         for line in server.stdout:  # its first line says it listens
             if "listening on" in line:
                 break
-        return run("cs_emulator train", argv + ["--cs_ip", f"127.0.0.1:{port}"], zoo, env)
+        return run(name, argv + ["--cs_ip", f"127.0.0.1:{port}"], zoo, env)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -197,80 +252,88 @@ def same(a: Result, b: Result) -> str:
     return "yes" if all(abs(x - y) <= 1e-5 for x, y in zip(a.losses, b.losses)) else "no"
 
 
+def rows(model: Model, work: Path, zoo: Path, env: dict[str, str], slurm: bool) -> list[tuple[Result, Result | None]]:
+    """Every command for ``model``, each with the run it must equal (None: nothing to equal)."""
+    cpu = ["csrun_cpu", "--legacy-imports", "python-pt", str(model.script)]
+    wse = ["csrun_wse", "--legacy-imports", "--total-nodes", "3", "python-pt", str(model.script)]
+
+    def flags(mode: str, model_dir: str, *extra: str) -> list[str]:
+        target = work / f"{model.name}-{model_dir}"
+        if mode == "train":
+            shutil.rmtree(target, ignore_errors=True)
+        return ["--mode", mode, "--params", str(model.params), "--model_dir", str(target), *extra]
+
+    def checkpoint(model_dir: str) -> list[str]:
+        return ["--checkpoint_path", str(work / f"{model.name}-{model_dir}" / f"checkpoint_{model.steps}.mdl")]
+
+    train = run(f"{model.name} CPU train", cpu + flags("train", "cpu"), zoo, env)
+    evaluate = run(f"{model.name} CPU eval", cpu + flags("eval", "cpu", *checkpoint("cpu")), zoo, env)
+    out: list[tuple[Result, Result | None]] = [
+        (train, None),
+        (run(f"{model.name} embedded train", cpu + flags("train", "embedded", "--cs_ip", "embedded"), zoo, env),
+         train),
+        (remote_run(f"{model.name} cs_emulator train", cpu + flags("train", "remote"), zoo, env), train),
+        (run(f"{model.name} compile_only", cpu + flags("train", "compile", "--compile_only"), zoo, env), None),
+        (run(f"{model.name} validate_only", cpu + flags("train", "validate", "--validate_only"), zoo, env), None),
+        (evaluate, None),
+        (run(f"{model.name} embedded eval", cpu + flags("eval", "embedded", "--cs_ip", "embedded",
+                                                        *checkpoint("embedded")), zoo, env), evaluate),
+    ]
+    if slurm:
+        out.append((run(f"{model.name} 3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env),
+                    None))
+        out.append((run(f"{model.name} 3 tasks eval", wse + flags("eval", "wse", "--cs_ip", "embedded",
+                                                                  *checkpoint("wse")), zoo, env), None))
+    return out
+
+
 def main() -> int:
     """Make the data, run the commands, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--zoo", required=True, type=Path, help="a checkout of Cerebras/modelzoo at R_1.6.0")
     parser.add_argument("--work", type=Path, default=None, help="where the data and model_dirs go (default: a temp dir)")
     parser.add_argument("--deps", type=Path, default=None, help="the zoo's pip dependencies (default WORK/deps)")
-    parser.add_argument("--steps", type=int, default=10, help="max_steps (default 10)")
+    parser.add_argument("--steps", type=int, default=8, help="max_steps (default 8)")
     args = parser.parse_args()
     zoo = args.zoo.resolve()
-    script = zoo / "modelzoo" / "fc_mnist" / "pytorch" / "run.py"
-    if not script.is_file():
+    root = zoo / "modelzoo"
+    if not (root / "fc_mnist" / "pytorch" / "run.py").is_file():
         parser.error(f"--zoo {args.zoo}: no modelzoo/fc_mnist/pytorch/run.py there (give a R_1.6.0 checkout)")
     work = (args.work or Path(tempfile.mkdtemp(prefix="csrun-zoo-"))).resolve()
     deps = (args.deps or work / "deps").resolve()
     ensure_deps(deps)
-    make_mnist(work / "data", samples=64 * (args.steps + 2))
-    params = work / "params.yaml"
-    params.write_text(PARAMS.format(data=work / "data", steps=args.steps))
-    adamw = work / "adamw.yaml"
-    adamw.write_text(PARAMS.format(data=work / "data", steps=args.steps).replace(
-        '    optimizer_type: "SGD"\n', '    optimizer_type: "AdamW"\n    weight_decay_rate: 0.01\n    correct_bias: True\n'
-    ).replace("    momentum: 0.9\n", ""))
+    hide_tokenizers(deps)
+    make_mnist(work / "mnist", samples=64 * (args.steps + 2))
+    make_gpt2(work / "gpt2")
+    make_bert(work / "bert")
+    configs = {"fc_mnist": PARAMS.format(data=work / "mnist", steps=args.steps),
+               "fc_mnist-AdamW": PARAMS.format(data=work / "mnist", steps=args.steps).replace(
+                   '    optimizer_type: "SGD"\n',
+                   '    optimizer_type: "AdamW"\n    weight_decay_rate: 0.01\n    correct_bias: True\n',
+               ).replace("    momentum: 0.9\n", ""),
+               "GPT-2": GPT2_PARAMS.format(data=work / "gpt2", steps=args.steps),
+               "BERT": BERT_PARAMS.format(data=work / "bert", steps=args.steps)}
+    scripts = {"fc_mnist": root / "fc_mnist" / "pytorch" / "run.py",
+               "fc_mnist-AdamW": root / "fc_mnist" / "pytorch" / "run.py",
+               "GPT-2": root / "transformers" / "pytorch" / "gpt2" / "run.py",
+               "BERT": root / "transformers" / "pytorch" / "bert" / "run.py"}
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join([str(STAND_INS), str(deps), str(zoo)])}
-    cpu = ["csrun_cpu", "--legacy-imports", "python-pt", str(script)]
-    wse = ["csrun_wse", "--legacy-imports", "--total-nodes", "3", "python-pt", str(script)]
-
-    def flags(mode: str, model_dir: str, *extra: str, config: Path = params) -> list[str]:
-        target = work / model_dir
-        if mode == "train":
-            shutil.rmtree(target, ignore_errors=True)
-        return ["--mode", mode, "--params", str(config), "--model_dir", str(target), *extra]
-
-    checkpoint = f"checkpoint_{args.steps}.mdl"
-    results = [
-        run("CPU train", cpu + flags("train", "cpu"), zoo, env),
-        run("embedded train", cpu + flags("train", "embedded", "--cs_ip", "embedded"), zoo, env),
-        run("compile_only", cpu + flags("train", "compile", "--compile_only"), zoo, env),
-        run("validate_only", cpu + flags("train", "validate", "--validate_only"), zoo, env),
-        run("CPU eval", cpu + flags("eval", "cpu", "--checkpoint_path", str(work / "cpu" / checkpoint)), zoo, env),
-        run("embedded eval", cpu + flags("eval", "embedded", "--cs_ip", "embedded", "--checkpoint_path",
-                                         str(work / "embedded" / checkpoint)), zoo, env),
-    ]
-    results.append(remote_run(cpu + flags("train", "remote"), zoo, env))
-    make_gpt2(work / "gpt2")
-    gpt2 = work / "gpt2.yaml"
-    gpt2.write_text(GPT2_PARAMS.format(data=work / "gpt2", steps=min(args.steps, 8)))
-    gpt2_script = str(zoo / "modelzoo" / "transformers" / "pytorch" / "gpt2" / "run.py")
-    results += [
-        run("CPU train, AdamW", cpu + flags("train", "cpu-adamw", config=adamw), zoo, env),
-        run("embedded train, AdamW", cpu + flags("train", "embedded-adamw", "--cs_ip", "embedded", config=adamw),
-            zoo, env),
-    ]
-    results += [
-        run("GPT-2 CPU train", cpu[:-1] + [gpt2_script] + flags("train", "gpt2-cpu", config=gpt2), zoo, env),
-        run("GPT-2 embedded train", cpu[:-1] + [gpt2_script] +
-            flags("train", "gpt2-embedded", "--cs_ip", "embedded", config=gpt2), zoo, env),
-    ]
-    if os.environ.get("SLURM_CONF"):
-        results.append(run("3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env))
-        results.append(run("GPT-2 3 tasks train", wse[:-1] + [gpt2_script] +
-                           flags("train", "gpt2-wse", "--cs_ip", "embedded", config=gpt2), zoo, env))
-    reference = {"Train": results[0], "Eval": results[4], "AdamW": results[7], "GPT-2": results[9]}
+    table: list[tuple[Result, Result | None]] = []
+    for name, text in configs.items():
+        params = work / f"{name}.yaml"
+        params.write_text(text)
+        table += rows(Model(name=name, script=scripts[name], params=params, steps=args.steps), work, zoo, env,
+                      slurm=bool(os.environ.get("SLURM_CONF")))
     print("| run | command (from the zoo's root) | exit | last step | last loss | losses = CPU path's (1e-5) |")
     print("|---|---|---|---|---|---|")
-    for r in results:
-        ref = reference["Eval" if "eval" in r.name else "AdamW" if "AdamW" in r.name
-                        else "GPT-2" if "GPT-2" in r.name else "Train"]
-        equal = "(reference)" if r is ref else ("-" if "tasks" in r.name else same(r, ref))
-        if r.average_eval_loss is not None and "eval" in r.name and r is not ref:
+    for r, ref in table:
+        equal = "-" if ref is None else same(r, ref)
+        if ref is not None and r.average_eval_loss is not None:
             equal += f" (avg eval loss {r.average_eval_loss:.6f} vs {ref.average_eval_loss:.6f})"
         last = f"{r.losses[-1]:.5f}" if r.losses else "-"
         print(f"| {r.name} | `{r.command}` | {r.rc} | {r.steps if r.steps is not None else '-'} | {last} | {equal} |")
-    return 0 if all(r.rc == 0 for r in results) else 1
+    return 0 if all(r.rc == 0 for r, _ in table) else 1
 
 
 if __name__ == "__main__":

@@ -71,8 +71,8 @@ class StreamingDataLoader:
         return self.loader.dataset
 
     @property
-    def batch_size(self) -> int:
-        """Samples per batch."""
+    def batch_size(self) -> int | None:
+        """Samples per batch (None: the dataset yields whole batches)."""
         return self.plan.batch_size
 
     def __len__(self) -> int:

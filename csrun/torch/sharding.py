@@ -8,7 +8,9 @@ them. A lone chief is shard 0 of 1. Refused, with a message naming the value:
   have the same, static size;
 * a dataset whose sample count cannot be split evenly across the streamers;
 * a shard smaller than one batch;
-* a loader with no automatic batching or with a custom ``batch_sampler``.
+* a loader with no automatic batching (``batch_size=None``) over a map-style dataset, or with a
+  custom ``batch_sampler``. An IterableDataset under ``batch_size=None`` yields whole batches
+  itself (the R1.x zoo's BERT input does): each item is a batch, of the schema's static shapes.
 
 A loader the script already shards (a ``DistributedSampler`` over ``num_streamers()`` at this
 task's ``get_streaming_rank()``, as the R1.x zoo's input functions build one) is streamed as it
@@ -46,8 +48,8 @@ class ShardPlan:
     """This task's shard index (its streaming rank; 0 on a lone chief)."""
     num_shards: int
     """Number of shards (streamers; 1 on a lone chief)."""
-    batch_size: int
-    """Samples per batch."""
+    batch_size: int | None
+    """Samples per batch (None: an IterableDataset under ``batch_size=None`` yields whole batches)."""
     iterable: bool
     """True for an IterableDataset (the dataset shards itself)."""
     num_samples: int | None
@@ -58,7 +60,7 @@ class ShardPlan:
     @property
     def batches_per_epoch(self) -> int | None:
         """Batches per epoch in one shard, when known."""
-        if self.num_samples is None:
+        if self.num_samples is None or self.batch_size is None:
             return None
         return self.num_samples // self.num_shards // self.batch_size
 
@@ -70,6 +72,8 @@ def plan_shard(loader: Any, shard: int, num_shards: int) -> ShardPlan:
                               f"{type(loader).__name__}")
     iterable = isinstance(loader.dataset, IterableDataset)
     batch_sampler = loader.batch_sampler
+    if iterable and loader.batch_size is None and batch_sampler is None:  # its items are the batches
+        return ShardPlan(shard=shard, num_shards=num_shards, batch_size=None, iterable=True, num_samples=None)
     if loader.batch_size is None and batch_sampler is None:
         raise DataLoaderError("the DataLoader has batch_size=None (no automatic batching): set a "
                               "batch_size; the system streams fixed-size batches")
@@ -164,7 +168,8 @@ def shard_loader(loader: DataLoader, plan: ShardPlan) -> tuple[DataLoader, Shard
         options.pop("prefetch_factor", None)
         options.pop("persistent_workers", None)
     if plan.iterable:
-        return DataLoader(loader.dataset, batch_size=plan.batch_size, drop_last=True, **options), None
+        return DataLoader(loader.dataset, batch_size=plan.batch_size, drop_last=plan.batch_size is not None,
+                          **options), None
     base = loader.sampler if loader.batch_size is not None else cast(BatchSampler, loader.batch_sampler).sampler
     sampler = ShardSampler(base, 0, 1) if plan.presharded else ShardSampler(base, plan.shard, plan.num_shards)
     return DataLoader(loader.dataset, batch_size=plan.batch_size, sampler=sampler, drop_last=True,
@@ -190,7 +195,7 @@ class LoaderSource:
                 self._sampler.skip = len(self._sampler)
                 for _ in self._loader:
                     pass
-            self._sampler.skip = within * self._plan.batch_size
+            self._sampler.skip = within * (self._plan.batch_size or 0)
             while True:
                 yield from self._loader
                 yield EPOCH_END

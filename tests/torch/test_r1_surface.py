@@ -183,3 +183,22 @@ def test_r16_device_schedulers_are_the_segments_of_the_compiles_schedule() -> No
          "staircase": True}]
     with pytest.raises(UserError, match="decay_rate"):
         sched.Exponential(None, 0.1, 2, "fast", True, False)
+
+
+class BatchesItself(torch.utils.data.IterableDataset):
+    """Yields whole batches (the R1.x zoo's BERT input does, under ``DataLoader(batch_size=None)``)."""
+
+    def __iter__(self):  # noqa: ANN204
+        for i in range(3):
+            yield {"ids": torch.full((4, 2), i, dtype=torch.int32), "label": torch.full((4,), i)}
+
+
+def test_an_iterable_dataset_that_yields_batches_streams_them_as_they_are() -> None:
+    framework.initialize()
+    loader = cbtorch.dataloader(DataLoader(BatchesItself(), batch_size=None))
+    assert loader.batch_size is None
+    with cbtorch.Session(loader, report=False):
+        got = [batch["ids"][0, 0].item() for batch in loader]
+    assert got == [0, 1, 2]
+    with pytest.raises(UserError, match="batch_size=None"):  # a map-style dataset still needs a batch size
+        cbtorch.dataloader(DataLoader(TensorDataset(torch.arange(8)), batch_size=None))
