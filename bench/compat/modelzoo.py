@@ -190,11 +190,11 @@ def make_mnist(data: Path, samples: int) -> None:
 
 def ensure_deps(deps: Path) -> None:
     """The zoo's start-up imports that have no stand-in, installed into ``deps`` when missing."""
-    if (deps / "keras_preprocessing").is_dir() and (deps / "sacremoses").is_dir():
+    if (deps / "keras_preprocessing").is_dir() and (deps / "urllib3").is_dir():
         return
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(deps),
                     "keras_preprocessing", "six", "regex", "sacremoses", "joblib", "click", "requests", "filelock",
-                    "tqdm", "huggingface_hub==0.10.1"], check=True)
+                    "tqdm", "urllib3", "idna", "certifi", "charset_normalizer", "huggingface_hub==0.10.1"], check=True)
 
 
 def make_gpt2(data: Path, msl: int = 16) -> None:
@@ -249,7 +249,10 @@ def same(a: Result, b: Result) -> str:
     """Whether two runs logged the same losses (to 1e-5)."""
     if not a.losses or len(a.losses) != len(b.losses):
         return "-"
-    return "yes" if all(abs(x - y) <= 1e-5 for x, y in zip(a.losses, b.losses)) else "no"
+    if all(abs(x - y) <= 1e-5 for x, y in zip(a.losses, b.losses)):
+        return "yes"
+    sys.stderr.write(f"--- {a.name} differs from {b.name}:\n{a.losses}\n{b.losses}\n")
+    return "no"
 
 
 def rows(model: Model, work: Path, zoo: Path, env: dict[str, str], slurm: bool) -> list[tuple[Result, Result | None]]:

@@ -15,7 +15,8 @@ loads, so a pipeline that refills the tensors it handed over (a ``collate_fn`` w
 preallocated ones) is refused at its next batch, on streamers and on a lone chief alike
 (:func:`csrun.stream.refill.check_untouched`). torch's ``default_collate`` makes new ones.
 
-``len()`` is the number of batches per epoch over all streamers; :meth:`StreamingDataLoader.skip`
+``len()`` is the number of batches per epoch over all streamers (for an IterableDataset, which
+shards itself, the count its own DataLoader gives here, if it has one); :meth:`StreamingDataLoader.skip`
 starts the sequence at a global batch (exact resume). Every ``next()`` is a step boundary, which
 the backend runs in one call (:meth:`csrun.torch.backend.Backend.next_step`: the previous step is
 sent, the batch fetched, the previous step's closures run, the next step opened). The chief's time waiting for input and time in
@@ -77,8 +78,11 @@ class StreamingDataLoader:
 
     def __len__(self) -> int:
         per_epoch = self.plan.batches_per_epoch
-        if per_epoch is None:
-            raise TypeError("this dataloader streams an IterableDataset and has no length")
+        if per_epoch is None:  # an IterableDataset shards itself: the count is its own, if it has one
+            try:
+                return len(self.loader)
+            except TypeError:
+                raise TypeError("this dataloader streams an IterableDataset that has no length") from None
         return per_epoch * self.plan.num_shards
 
     def skip(self, n: int) -> None:
