@@ -48,6 +48,20 @@ def data() -> TensorDataset:
     return TensorDataset(x, y)
 
 
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, *, widen: bool = False) -> list[float]:
+    """A plain loop over :func:`data` in a Session; each step's loss read in a closure."""
+    loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
+    losses: list[float] = []
+    with cbtorch.Session(loader, modes.TRAIN, report=False):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = model(x.float(), y.long()) if widen else model(x, y)
+            loss.backward()
+            opt.step()
+            cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
+    return losses
+
+
 def eager_losses(steps: int, max_norm: float, rate: Callable[[int], float] = lambda step: 0.1) -> list[float]:
     model, losses = Net(), []
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -115,15 +129,7 @@ def test_the_zoos_device_schedule_runs_and_its_lambdalr_beside_it_changes_nothin
     r1_amp.GradScaler(loss_scale=None, mixed_precision=False)  # the zoo builds one on every CS run: float32 here
     framework.optim.lr_scheduler.Exponential(opt, 0.1, 2, 0.5, False, False)
     torch.optim.lr_scheduler.LambdaLR(opt._optimizer, lambda step: 1.0)
-    loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
-    losses: list[float] = []
-    with cbtorch.Session(loader, modes.TRAIN, report=False):
-        for x, y in loader:
-            opt.zero_grad()
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-            cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
+    losses = train_steps(model, opt)
     want = eager_losses(8, 1e9, lambda step: 0.1 * 0.5 ** (step / 2))
     assert losses == pytest.approx(want, abs=1e-5)
 
@@ -185,16 +191,7 @@ def test_the_zoos_adam_family_trains_on_the_device_as_its_class_computes(tmp_pat
         model = cbtorch.module(Net())
         opt = framework.optimizer(AdamW(model.parameters(), lr=0.01, **hyper))
         r1_amp.GradScaler(mixed_precision=False)
-        loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
-        losses: list[float] = []
-        with cbtorch.Session(loader, modes.TRAIN, report=False):
-            for x, y in loader:
-                opt.zero_grad()
-                loss = model(x.float(), y.long())
-                loss.backward()
-                opt.step()
-                cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
-        return losses
+        return train_steps(model, opt, widen=True)
 
     assert run("embedded") == run(None)  # float32, bit for bit (the first step is also checked against eager)
 
@@ -221,15 +218,7 @@ def test_the_optimizers_gradient_clipper_is_the_devices_clipping(tmp_path: Path)
     r1_amp.GradScaler(mixed_precision=False)
     opt.gradient_clipper = GradientClipper(max_gradient_value=0.02)
     assert isinstance(opt.gradient_clipper, GradientClipper) and type(opt).__name__ == "SGD"
-    loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
-    losses: list[float] = []
-    with cbtorch.Session(loader, modes.TRAIN, report=False):
-        for x, y in loader:
-            opt.zero_grad()
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-            cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
+    losses = train_steps(model, opt)
     eager, want = Net(), []
     ref = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
     for x, y in DataLoader(data(), batch_size=8, drop_last=True):
