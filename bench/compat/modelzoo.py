@@ -16,7 +16,8 @@ from the zoo's root, with ``--legacy-imports``:
   ``:9000``), against a ``cs_emulator`` server (``--cs_ip 127.0.0.1:PORT``, a fresh token),
   ``--compile_only``, ``--validate_only``, and ``--mode eval`` from each path's checkpoint;
 - ``csrun_wse --total-nodes 3`` (a chief and two streamers; the zoo shards its own input over
-  them) with ``--cs_ip embedded``, train and eval, when a Slurm cluster answers (``SLURM_CONF``).
+  them) with ``--cs_ip embedded`` (train and eval), against a ``cs_emulator``, ``--compile_only``
+  and ``--validate_only``, when a Slurm cluster answers (``SLURM_CONF``).
 
 The zoo's own Python dependencies are the user's: ``torchvision`` (its PyPI wheel does not load
 against the CPU torch this project pins), ``nltk`` and the one name its Hugging Face code takes
@@ -283,10 +284,17 @@ def rows(model: Model, work: Path, zoo: Path, env: dict[str, str], slurm: bool) 
                                                         *checkpoint("embedded")), zoo, env), evaluate),
     ]
     if slurm:
-        out.append((run(f"{model.name} 3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env),
-                    None))
-        out.append((run(f"{model.name} 3 tasks eval", wse + flags("eval", "wse", "--cs_ip", "embedded",
-                                                                  *checkpoint("wse")), zoo, env), None))
+        out += [
+            (run(f"{model.name} 3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env), None),
+            (run(f"{model.name} 3 tasks eval", wse + flags("eval", "wse", "--cs_ip", "embedded", *checkpoint("wse")),
+                 zoo, env), None),
+            (remote_run(f"{model.name} 3 tasks cs_emulator train", wse + flags("train", "wse-remote"), zoo, env),
+             None),
+            (run(f"{model.name} 3 tasks compile_only", wse + flags("train", "wse-compile", "--compile_only"), zoo,
+                 env), None),
+            (run(f"{model.name} 3 tasks validate_only", wse + flags("train", "wse-validate", "--validate_only"), zoo,
+                 env), None),
+        ]
     return out
 
 

@@ -7,6 +7,9 @@ builds this task's shard (see :mod:`csrun.torch.sharding`). Then:
 * on the chief with streamers, iterating yields the batches received from them, in the
   fixed round-robin order, one epoch per ``for`` loop (a loop left with ``break`` is
   continued by the next one); only inside a Session;
+* on a compile-only run outside a Session (the R1.x zoo's compile runner opens none), the chief
+  iterates its own shard, as a lone chief does, and a streamer waits as in a Session the chief
+  never opens: the chief's exit releases it (exit 0);
 * on a lone chief, iterating yields the local loader's batches, through the same checks
   and dtype rules as a stream, each copied into buffers the chief owns, as a streamed one is.
 
@@ -35,7 +38,7 @@ from csrun.stream.source import EPOCH_END, BatchStream
 from csrun.stream.stats import ChiefStats, StreamerStats, TimedInput
 from csrun.torch.closures import end_step
 from csrun.torch.sharding import DataLoaderError, LoaderSource, plan_shard, shard_loader
-from csrun.torch.process_state import state
+from csrun.torch.process_state import state, stream_and_exit
 
 DEFAULT_PREFETCH = 4
 """Batches in flight per streamer when the loader sets no ``prefetch_factor``."""
@@ -142,9 +145,11 @@ class StreamingDataLoader:
     def _start_input(self, st: Any) -> TimedInput:
         """The timed stream: the Session's receiver, or this task's shard on a lone chief."""
         if self._stream is None:
-            if st.streaming:
+            if st.streaming and not st.options.path.compiles_only:
                 raise UserError("iterate the dataloader inside `with cbtorch.Session(dataloader):` "
                                 "(its batches come from the streamers)")
+            if st.streaming and not st.info.is_chief:  # the chief compiles from its own shard
+                stream_and_exit(self.source())  # released (STOP) when the chief exits
             self._stream = LocalStream(self.source(), skip=self._skip)
         self._input = TimedInput(self._stream, self.stats)
         return self._input

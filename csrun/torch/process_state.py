@@ -10,7 +10,7 @@ from __future__ import annotations
 import atexit
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from csrun.cluster import ClusterInfo, allocation_notice, cluster_info
 from csrun.compiler.settings import CompileSettings
@@ -18,6 +18,8 @@ from csrun.driver.options import verify_steps as checked_verify_steps
 from csrun.driver.run_path import RunFlags, RunPathError, decide
 from csrun.errors import UserError
 from csrun.stream.receiver import Receiver
+from csrun.stream.sender import run_streamer
+from csrun.stream.source import BatchSource
 from csrun.stream.wire import mpi
 from csrun.torch.gc_policy import hold_setup_objects, release_setup_objects
 from csrun.torch.backend import Backend, DeviceOptions, EagerBackend, StepClosure, device_factory
@@ -117,6 +119,20 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
 def comm() -> Any:
     """``MPI.COMM_WORLD`` (imports mpi4py on first call)."""
     return mpi().COMM_WORLD
+
+
+def stream_and_exit(source: BatchSource) -> NoReturn:
+    """A streamer's whole part: serve ``source`` to the chief until it says stop (or STOP at once,
+    when the chief never opens a Session), then leave MPI and exit 0."""
+    st = state()
+    st.streamed = True
+    hold_setup_objects(strict=False)  # the process ends with the stream: nothing to give back
+    run_streamer(comm(), source, node=st.info.node_name)
+    MPI = mpi()
+    if not MPI.Is_finalized():
+        MPI.Finalize()
+    sys.stdout.flush()
+    sys.exit(0)
 
 
 def _release_unstarted() -> None:

@@ -31,13 +31,12 @@ from typing import Any, Literal, NoReturn
 from csrun.errors import UserError
 from csrun.stream.errors import StreamError
 from csrun.stream.receiver import Receiver
-from csrun.stream.sender import run_streamer
 from csrun.stream.stats import StreamerStats, StreamStats, print_report
-from csrun.stream.wire import abort_after_output, error_grace, mpi, stream_timeout
+from csrun.stream.wire import abort_after_output, error_grace, stream_timeout
 from csrun.torch.closures import add_step_closure, end_step
 from csrun.torch.dataloader import StreamingDataLoader
 from csrun.torch.gc_policy import hold_setup_objects, release_setup_objects
-from csrun.torch.process_state import comm, state
+from csrun.torch.process_state import comm, state, stream_and_exit
 
 MODES = ("train", "eval")
 
@@ -77,7 +76,7 @@ class Session:
     def __enter__(self) -> "Session":
         st = state()
         if not st.info.is_chief:
-            self._stream_and_exit()
+            stream_and_exit(self.dataloader.source())
         if st.session is not None:
             raise SessionError("sessions do not nest: leave the current Session first")
         if st.streaming and st.streamed:
@@ -117,17 +116,6 @@ class Session:
     def mark_step(self) -> None:
         """The legacy ``session.mark_step``: end the current step now (see ``cb_model.mark_step``)."""
         end_step()
-
-    def _stream_and_exit(self) -> None:
-        st = state()
-        st.streamed = True
-        hold_setup_objects(strict=False)  # the process ends with the stream: nothing to give back
-        run_streamer(comm(), self.dataloader.source(), node=st.info.node_name)
-        MPI = mpi()
-        if not MPI.Is_finalized():
-            MPI.Finalize()
-        sys.stdout.flush()
-        sys.exit(0)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         try:

@@ -51,3 +51,16 @@ def test_a_lone_chief_trains_and_compile_only_and_validate_only_compile_through_
         assert got["steps"] == 0
     assert list((tmp_path / "compile_only").glob("cs_*/spec.json")) and \
         not list((tmp_path / "validate_only").glob("cs_*/spec.json"))
+
+
+def test_a_compile_only_run_on_three_tasks_compiles_on_the_chief(no_slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """The zoo's compile runner opens no Session: the chief compiles from its own shard, and each
+    streamer, with nothing to stream, exits 0."""
+    wse = [str(BIN / "csrun_wse"), "--legacy-imports", "--total-nodes", "3"]
+    done = subprocess.run([*wse, sys.executable, str(SCRIPT), str(tmp_path / "c.json"), "24", "--compile_only",
+                           "--model_dir", str(tmp_path / "compile")], env=no_slurm_env, capture_output=True, text=True,
+                          timeout=200, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads((tmp_path / "c.json").read_text())["steps"] == 0
+    assert list((tmp_path / "compile").glob("cs_*/spec.json"))
+    assert "csrun: streaming from" not in done.stderr  # the streamers served nothing
