@@ -14,9 +14,10 @@ from the zoo's root, with ``--legacy-imports``:
 
 - ``csrun_cpu`` on the CPU (the reference), then with ``--cs_ip embedded`` (the zoo appends
   ``:9000``), against a ``cs_emulator`` server (``--cs_ip 127.0.0.1:PORT``, a fresh token),
-  ``--compile_only``, ``--validate_only``, and ``--mode eval`` from each path's checkpoint;
+  ``--compile_only``, ``--validate_only``, and ``--mode eval`` from each path's checkpoint
+  (embedded and against the server);
 - ``csrun_wse --total-nodes 3`` (a chief and two streamers; the zoo shards its own input over
-  them) with ``--cs_ip embedded`` (train and eval), against a ``cs_emulator``, ``--compile_only``
+  them) with ``--cs_ip embedded`` (train and eval), against a ``cs_emulator`` (train and eval), ``--compile_only``
   and ``--validate_only``, when a Slurm cluster answers (``SLURM_CONF``).
 
 The zoo's own Python dependencies are the user's: ``torchvision`` (its PyPI wheel does not load
@@ -27,8 +28,9 @@ installed into ``--deps`` (default ``WORK/deps``) with ``pip install --target`` 
 its pinned ``tokenizers<0.11`` (no wheel for Python 3.11, unused here) is a placeholder there.
 
 Prints one markdown table: each command, its exit code, the last step it logged, its last loss,
-and whether its losses equal its CPU run's (to 1e-5; the zoo's GPT-2 and BERT losses are float16
-values, so equal at their precision).
+and whether its losses equal its reference's (to 1e-5): the CPU run's for one task, the embedded
+three-task run's for three tasks against ``cs_emulator`` (the zoo's GPT-2 and BERT losses are
+float16 values, so equal at their precision).
 """
 
 from __future__ import annotations
@@ -282,14 +284,20 @@ def rows(model: Model, work: Path, zoo: Path, env: dict[str, str], slurm: bool) 
         (evaluate, None),
         (run(f"{model.name} embedded eval", cpu + flags("eval", "embedded", "--cs_ip", "embedded",
                                                         *checkpoint("embedded")), zoo, env), evaluate),
+        (remote_run(f"{model.name} cs_emulator eval", cpu + flags("eval", "remote", *checkpoint("remote")), zoo, env),
+         evaluate),
     ]
     if slurm:
+        streamed = run(f"{model.name} 3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env)
+        streamed_eval = run(f"{model.name} 3 tasks eval",
+                            wse + flags("eval", "wse", "--cs_ip", "embedded", *checkpoint("wse")), zoo, env)
         out += [
-            (run(f"{model.name} 3 tasks train", wse + flags("train", "wse", "--cs_ip", "embedded"), zoo, env), None),
-            (run(f"{model.name} 3 tasks eval", wse + flags("eval", "wse", "--cs_ip", "embedded", *checkpoint("wse")),
-                 zoo, env), None),
+            (streamed, None),
+            (streamed_eval, None),
             (remote_run(f"{model.name} 3 tasks cs_emulator train", wse + flags("train", "wse-remote"), zoo, env),
-             None),
+             streamed),
+            (remote_run(f"{model.name} 3 tasks cs_emulator eval",
+                        wse + flags("eval", "wse-remote", *checkpoint("wse-remote")), zoo, env), streamed_eval),
             (run(f"{model.name} 3 tasks compile_only", wse + flags("train", "wse-compile", "--compile_only"), zoo,
                  env), None),
             (run(f"{model.name} 3 tasks validate_only", wse + flags("train", "wse-validate", "--validate_only"), zoo,

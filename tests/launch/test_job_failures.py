@@ -30,9 +30,14 @@ def job(env: dict[str, str], *options: str) -> list[str]:
     return [str(BIN / "csrun_wse"), "--total-nodes", "3", *options, sys.executable, str(SCRIPT)]
 
 
+JOB_EMULATOR = "csrun.cli.cs_emulator --listen 127.0.0.1:0"
+"""How a job's own emulator (``csrun_wse --emulator``) shows in ps: on a port the system picks."""
+
+
 def leftovers() -> list[str]:
+    """This test's tasks and job emulators still running (not a server someone started on a port)."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if str(SCRIPT) in line or "csrun.cli.cs_emulator" in line]
+    return [line for line in out.splitlines() if str(SCRIPT) in line or JOB_EMULATOR in line]
 
 
 def shm() -> set[str]:
