@@ -21,6 +21,9 @@ WIDER: dict[torch.dtype, torch.dtype] = {torch.int32: torch.int64, torch.float16
 
 
 def widened(batch: Any) -> Any:
-    """``batch`` with its int32 / float16 / bfloat16 tensors widened (the others as they are)."""
+    """``batch`` with its int32 / float16 / bfloat16 tensors widened (the others as they are; a batch
+    with none to widen is returned as it is)."""
+    if not any(isinstance(t, torch.Tensor) and t.dtype in WIDER for t in pytree.tree_leaves(batch)):
+        return batch
     return pytree.tree_map(lambda t: t.to(WIDER[t.dtype]) if isinstance(t, torch.Tensor) and t.dtype in WIDER
                            else t, batch)

@@ -383,9 +383,10 @@ class DeviceDriver:
             return item
         if self.open_step is not None:
             self._dispatch()
-        return self._open(widened(item), implicit=False)
+        return self._open(item, implicit=False)
 
     def _open(self, batch: Any, *, implicit: bool) -> Any:
+        batch = widened(batch)  # the session's batches and an implicit step's arguments alike
         recorder = self.recorders[self.mode]
         self.steps_begun += 1
         wrapped = recorder.begin(batch, self.steps_begun)

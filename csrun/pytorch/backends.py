@@ -159,10 +159,9 @@ class Backend:
             cs_ip = "embedded"  # "CSX" means the device even under plain python
         self.state = cbtorch.initialize(cs_ip if csx else None, cpu=not csx, compile_only=options.compile_only,
                                         validate_only=options.validate_only,
-                                        settings=_settings.compile_settings() if csx else None,
                                         model_dir=options.artifact_dir, compile_dir=options.compile_dir,
                                         device=options.emulator_device, queue_depth=options.queue_depth)
-        self.apply_settings(_settings)  # the CPU's schedule too (the eager backend's TrainingRules)
+        self.apply_settings(_settings)  # the one hand-over, on the device and on the CPU (TrainingRules)
 
     @property
     def run_path(self) -> RunPath:

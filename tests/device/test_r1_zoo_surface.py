@@ -231,3 +231,20 @@ def test_the_optimizers_gradient_clipper_is_the_devices_clipping(tmp_path: Path)
     assert losses == pytest.approx(want, abs=1e-5)
     [spec] = tmp_path.glob("cs_*/spec.json")
     assert json.loads(spec.read_text())["max_gradient_value"] == 0.02
+
+
+def test_a_model_called_outside_a_session_takes_int32_and_float16_as_the_session_does(tmp_path: Path) -> None:
+    framework.initialize(service_workdir=str(tmp_path), cs_ip="embedded")
+    r1_amp.GradScaler(mixed_precision=False)
+    model = cbtorch.module(Net())
+    opt = framework.optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    x, y = data().tensors
+    losses: list[float] = []
+    for i in range(2):  # each call on new CPU tensors is a step of its own
+        opt.zero_grad()
+        loss = model(x[i * 8:(i + 1) * 8], y[i * 8:(i + 1) * 8])
+        loss.backward()
+        opt.step()
+        cm.add_step_closure(lambda v: losses.append(v.item()), args=(loss,))
+    cm.mark_step()
+    assert losses == pytest.approx(eager_losses(2, 1e9), abs=1e-5)

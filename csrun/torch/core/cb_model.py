@@ -44,6 +44,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from csrun.torch import compile_info
 from csrun.torch.closures import add_step_closure, end_step, step_closure
 from csrun.torch.helpers import (
     get_local_ordinal,
@@ -186,8 +187,7 @@ def rendezvous(tag: str, payload: Any = None) -> list[Any]:
 
 def metrics_counter_value(name: str) -> int | None:
     """The compile's figures by the system's counter names (None for any other, or before a compile)."""
-    info = state().backend
-    compiled = getattr(info, "compile_info", None)
+    compiled = compile_info()
     if compiled is None:
         return None
     values = {"CerebrasCompileTimeMs": compiled.compile_time * 1e3,
