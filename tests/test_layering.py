@@ -15,9 +15,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "csrun"
 
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("typed_config", "address", "help_style", "files"),
+    ("typed_config", "address", "help_style", "files", "module_alias"),
     ("env_settings",),
-    ("cluster", "site", "program", "data", "mdl"),
+    ("cluster", "site", "program", "data", "mdl", "appliance"),
     ("stream", "compiler", "launch"),
     ("emulator",),
     ("driver",),

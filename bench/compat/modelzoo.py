@@ -5,7 +5,8 @@ Command (from the repository root)::
     .venv/bin/python bench/compat/modelzoo.py --zoo DIR [--work DIR] [--deps DIR] [--steps N]
 
 ``--zoo`` is a checkout of ``Cerebras/modelzoo`` at tag ``R_1.6.0`` (``git clone --branch R_1.6.0
-https://github.com/Cerebras/modelzoo``); none of its files is edited or copied here. The check
+https://github.com/Cerebras/modelzoo``); none of its files is edited or copied here. A checkout
+of ``Release_2.2.1`` runs that release's table instead (:mod:`modelzoo2`). The check
 makes small synthetic data in ``--work`` (a fresh temporary folder by default): MNIST IDX files,
 ``GptHDF5DataProcessor`` files (one per streamer) and a ``BertCSVDynamicMaskDataProcessor`` CSV
 with its vocab; writes small float32 params (``max_steps`` N) for the zoo's fc_mnist (with its
@@ -309,16 +310,22 @@ def rows(model: Model, work: Path, zoo: Path, env: dict[str, str], slurm: bool) 
 def main() -> int:
     """Make the data, run the commands, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--zoo", required=True, type=Path, help="a checkout of Cerebras/modelzoo at R_1.6.0")
+    parser.add_argument("--zoo", required=True, type=Path,
+                        help="a checkout of Cerebras/modelzoo at R_1.6.0 or Release_2.2.1")
     parser.add_argument("--work", type=Path, default=None, help="where the data and model_dirs go (default: a temp dir)")
     parser.add_argument("--deps", type=Path, default=None, help="the zoo's pip dependencies (default WORK/deps)")
     parser.add_argument("--steps", type=int, default=8, help="max_steps (default 8)")
     args = parser.parse_args()
     zoo = args.zoo.resolve()
     root = zoo / "modelzoo"
-    if not (root / "fc_mnist" / "pytorch" / "run.py").is_file():
-        parser.error(f"--zoo {args.zoo}: no modelzoo/fc_mnist/pytorch/run.py there (give a R_1.6.0 checkout)")
     work = (args.work or Path(tempfile.mkdtemp(prefix="csrun-zoo-"))).resolve()
+    if (zoo / "src" / "cerebras" / "modelzoo" / "fc_mnist" / "pytorch" / "run.py").is_file():  # Release_2.2.1
+        import modelzoo2
+
+        return modelzoo2.main(zoo, work, args.deps, args.steps)
+    if not (root / "fc_mnist" / "pytorch" / "run.py").is_file():
+        parser.error(f"--zoo {args.zoo}: no modelzoo/fc_mnist/pytorch/run.py there (give a R_1.6.0 or "
+                     f"Release_2.2.1 checkout)")
     deps = (args.deps or work / "deps").resolve()
     ensure_deps(deps)
     hide_tokenizers(deps)

@@ -62,7 +62,7 @@ from csrun.compiler.errors import at
 from csrun.compiler.python_state import PythonStateWatch
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
-from csrun.driver import clipping, legacy_state
+from csrun.driver import clipping, index_dtypes, legacy_state
 from csrun.driver.batch_dtypes import widened
 from csrun.driver.clipping import Clip, ClippingError
 from csrun.driver.hooks import backward_hook_in, optimizer_hooks_on
@@ -229,6 +229,7 @@ class DeviceDriver:
         self.model = model
         self._weight_ids = frozenset(id(p) for p in model.parameters())
         clipping.attach(self)
+        index_dtypes.install()  # int32 targets and indices, as the system's kernels took them
         watch = PythonStateWatch(model)  # from now on, assignments to its Python values are seen
         for recorder in self.recorders.values():
             recorder.watch = watch

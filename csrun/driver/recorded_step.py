@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from csrun.compiler.errors import Location
+from csrun.driver import taps
+from csrun.driver.taps import Tap
 from csrun.driver.step_templates import constants, describe, describe_call, fill, flatten_output, has_slots, ref_indices
 from csrun.driver.step_values import StepValueError
 from csrun.emulator.engine.update_split import UPDATE_MARKER
@@ -49,6 +51,8 @@ class Entry:
     (:mod:`csrun.compiler.python_state`), as they were when the call was recorded."""
     guard_names: tuple[str, ...] = ()
     """``path.attribute = value`` of each guard, for the signature and messages."""
+    taps: tuple[Tap, ...] = ()
+    """A model call's taps (:mod:`csrun.driver.taps`): their tensors follow its outputs in :attr:`results`."""
 
     def describe(self) -> str:
         """``name(args, keywords)`` as the user would recognise it."""
@@ -171,8 +175,9 @@ class Recording:
             args = fill(e.args, env.__getitem__, inputs)
             kwargs = fill(e.kwargs, env.__getitem__, inputs)
             if e.func is None:
-                with _modes_set(modules, e.modes), _values_set(by_id, e.guards):
+                with _modes_set(modules, e.modes), _values_set(by_id, e.guards), taps.collecting() as found:
                     out = call_model(*args, **kwargs)
+                out = taps.with_taps(out, found) if e.taps else out
             else:
                 out = e.func(*args, **kwargs)
             leaves, _ = flatten_output(out)

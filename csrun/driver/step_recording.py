@@ -61,6 +61,7 @@ import torch.utils._pytree as pytree
 from csrun.compiler.capture import tensors_put_back
 from csrun.compiler.locate import caller_location
 from csrun.compiler.python_state import PythonStateWatch, describe_change
+from csrun.driver import taps
 from csrun.driver.recorded_step import Entry, Recording, describe_meta, describe_modes
 from csrun.driver.step_templates import constants, describe_call, flatten_output, has_refs, matches, ref_indices, sketch, template
 from csrun.driver.step_values import (DEVICE_MOVES, READS, StepChanged, StepState, StepValue, StepValueError, cpu_values,
@@ -242,16 +243,24 @@ class StepRecorder:
         modes = self._modes(model, watch)
         if self._draft is None and watch.version != self._guard_version:
             self._check_guards(model, watch)
+        entry: Entry | None
         if self._draft is not None:
-            with _shadow_run(model), torch.no_grad():
+            with _shadow_run(model), torch.no_grad(), taps.collecting() as found:
                 out = forward(*cpu_values(args), **cpu_values(kwargs))
-            result = self._record(None, args, kwargs, out, modes)
-            entry = self._draft.entries[-1]
-            entry.guards = watch.guards()
-            entry.guard_names = self._guard_names(model, entry.guards)
+            result = self._record(None, args, kwargs, taps.with_taps(out, found), modes)
+            recorded = self._draft.entries[-1]
+            recorded.guards = watch.guards()
+            recorded.guard_names = self._guard_names(model, recorded.guards)
+            recorded.taps = tuple(found)
+            entry = recorded
             self._guard_version = watch.version
-            return result
-        return self._check(None, args, kwargs, modes)
+        else:
+            result = self._check(None, args, kwargs, modes)
+            entry = self.recording.entries[self._pos - 1] if self.recording is not None else None
+        if entry is not None and entry.taps:  # csrun.driver.taps: the forward's metric updates
+            result, tapped = result
+            taps.queue_all(entry.taps, tapped)
+        return result
 
     def _watch(self, model: torch.nn.Module) -> PythonStateWatch:
         if self.watch is None:

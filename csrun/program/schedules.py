@@ -259,8 +259,16 @@ _STEPS_KEY = {"polynomial": "steps", "linear": "steps"}
 
 
 def _normalise(entry: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """Fold aliases (steps/decay_steps, learning_rate/initial_learning_rate, T_max/t_max)."""
+    """Fold aliases (steps/decay_steps/total_iters, learning_rate/initial_learning_rate, T_max/t_max)."""
     params = {k: v for k, v in entry.items() if k != "scheduler"}
+    main = params.pop("main_scheduler", "SequentialLR")
+    if str(main).lower() != "sequentiallr":
+        raise SpecError(f"learning_rate: main_scheduler {main!r}: a list of schedules runs one after another "
+                        f"(SequentialLR); give that or leave main_scheduler out")
+    if "total_iters" in params:  # 2.x's name of the segment length
+        total = params.pop("total_iters")
+        if params.setdefault("steps", total) != total:
+            raise SpecError(f"learning_rate: {name} has both total_iters and steps and they differ")
     if "T_max" in params and "t_max" not in params:
         params["t_max"] = params.pop("T_max")
     required, optional = _KEYS[name]

@@ -62,11 +62,23 @@ What each name is (each module's manual has the details):
                                        ``utils.CSConfig``
 :func:`current_backend`                the backend this process made (None before)
 :func:`current_executor`               the executor whose loop runs (None outside one)
+:mod:`metrics`                         eval metrics updated from the traced step
+                                       (:mod:`csrun.pytorch.metrics`)
+:mod:`distributed`                     who this task is, for input code (the streamers are
+                                       the input workers: :mod:`csrun.pytorch.distributed`)
+:func:`summarize_scalar` / ``_tensor`` a step's value to the executor's ``writer``
+:func:`name_scope`, :func:`pol`,       compiler annotations: accepted, they change nothing
+:func:`make_constant`, debug names     (:mod:`csrun.pytorch.annotations`)
+:func:`use_cs`                         True when the steps run on the device
+:mod:`core`, :mod:`profiler`,          ``core.modes``; the op profiler (empty); sparsity, the
+:mod:`sparse`, :mod:`saver`,           HDF5 saver, listeners: they import, and using one
+:mod:`experimental`, :mod:`nn`         raises one line; ``nn.functional.one_hot``
+:data:`__version__`                    the 2.x API release this follows (``2.2.1``)
 =====================================  =======================================================
 
-Numerics: the device computes in float32 unless ``amp.set_half_dtype`` asks for 16-bit
-compute, so a float32 run on the emulator gives the eager CPU run's losses. Not provided:
-``cstorch.sparse``, ``cstorch.nn`` layers, the summary writer, several systems
+Numerics: the device computes in float32 unless the backend's ``mixed_precision`` is on
+(``amp.set_half_dtype`` only chooses the 16-bit type), so a float32 run on the emulator gives
+the eager CPU run's losses. Not provided: sparsity, ``cstorch.nn`` layers, several systems
 (``CSConfig(num_csx>1)``), ``ChainedScheduler``. Errors a user can fix derive from
 :class:`csrun.errors.UserError` and say the fix in one line: :class:`BackendError`,
 :class:`SettingsChangedError`, :class:`~csrun.pytorch.utils.data.ExecutorError`,
@@ -78,7 +90,29 @@ of :mod:`csrun.torch` (``CS_IP``, ``CSRUN_EMULATOR_TOKEN``, the launcher's).
 
 from __future__ import annotations
 
-from csrun.pytorch import amp, optim, utils
+from csrun.pytorch import (
+    amp,
+    core,
+    distributed,
+    experimental,
+    metrics,
+    nn,
+    optim,
+    profiler,
+    saver,
+    sparse,
+    utils,
+)
+from csrun.pytorch.annotations import (
+    add_debug_name,
+    from_numpy,
+    get_debug_name,
+    make_constant,
+    name_scope,
+    pol,
+    to_numpy,
+    use_cs,
+)
 from csrun.pytorch.backends import (
     Backend,
     BackendError,
@@ -87,12 +121,29 @@ from csrun.pytorch.backends import (
     compile,
     current_backend,
 )
+from csrun.module_alias import becoming
+from csrun.pytorch.input_worker import on_import
 from csrun.pytorch.saving import load, save
 from csrun.pytorch.step import checkpoint_closure, compile_step, step_closure, trace
+from csrun.pytorch.summaries import summarize_scalar, summarize_tensor
 from csrun.pytorch.utils.data import current_executor
+
+__version__ = "2.2.1"
+"""The ``cerebras.pytorch`` release whose API this follows."""
+
+
+def __after_alias__() -> None:
+    """Run once ``cerebras.pytorch`` is this package (:mod:`csrun.module_alias`): a streamer waits for its role."""
+    on_import()
+
+
+if not becoming():
+    on_import()  # csrun.pytorch.input_worker: a 2.x job's streamer waits here for the chief
 
 __all__ = [
     "backend", "Backend", "compile", "trace", "compile_step", "step_closure", "checkpoint_closure", "save",
     "load", "optim", "amp", "utils", "current_backend", "current_executor", "BackendError",
-    "SettingsChangedError",
+    "SettingsChangedError", "core", "distributed", "experimental", "metrics", "nn", "profiler", "saver", "sparse",
+    "add_debug_name", "from_numpy", "get_debug_name", "make_constant", "name_scope", "pol", "to_numpy", "use_cs",
+    "summarize_scalar", "summarize_tensor", "__version__",
 ]

@@ -19,14 +19,18 @@ backward (scaled when a scaler is given), unscale, clip the global norm
 update, then ``optimizer.zero_grad()``: as on the device, one step's gradients never reach the
 next (a loop that zeroes them too is unchanged).
 
-:func:`set_half_dtype` picks the device's 16-bit compute type (``torch.float16``;
-``torch.bfloat16`` or ``"cbfloat16"`` run as cbfloat16; ``torch.float32`` / None: float32,
-the default). Call it before the first step; the CPU backend computes in float32 regardless.
-:func:`get_half_dtype` says which is set.
+:func:`set_half_dtype` chooses the 16-bit type, as 2.2.1's does: ``torch.float16`` (the
+default), ``torch.bfloat16`` (on the device it runs as cbfloat16), ``"cbfloat16"``, or
+``torch.float32`` / None for none; it returns the proxy ``torch.dtype`` a model casts to
+(``torch.float16`` for cbfloat16), which :func:`get_half_dtype` returns afterwards. Choosing
+a type switches nothing on: the backend's ``mixed_precision`` is the switch
+(:mod:`csrun.pytorch.backends`). :func:`autocast` is torch's bfloat16 autocast on a CPU backend
+with mixed precision, and a context that changes nothing otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -35,7 +39,7 @@ from csrun.compiler.spec import LossScalingSpec
 from csrun.program.clipping import check_clipping
 from csrun.errors import UserError
 from csrun.program.loss_scaling import INITIAL_LOSS_SCALE, MAX_LOSS_SCALE, MIN_LOSS_SCALE, STEPS_PER_INCREASE
-from csrun.pytorch.backends import HalfDtype, training_settings, update_settings
+from csrun.pytorch.backends import HalfDtype, current_backend, training_settings, update_settings
 from csrun.torch import amp as cbtorch_amp
 
 
@@ -46,12 +50,16 @@ class AmpError(UserError):
 class GradScaler(cbtorch_amp.GradScaler):
     """cbtorch's loss scaler whose settings become the device's (see the module manual)."""
 
-    def __init__(self, loss_scale: str | float = "dynamic", init_scale: float = INITIAL_LOSS_SCALE,
-                 steps_per_increase: int = STEPS_PER_INCREASE, min_loss_scale: float = MIN_LOSS_SCALE,
-                 max_loss_scale: float = MAX_LOSS_SCALE, overflow_tolerance: float = 0.0,
+    def __init__(self, loss_scale: str | float = "dynamic", init_scale: float | None = None,
+                 steps_per_increase: int | None = None, min_loss_scale: float | None = None,
+                 max_loss_scale: float | None = None, overflow_tolerance: float = 0.0,
                  max_gradient_norm: float | None = None) -> None:
-        """``overflow_tolerance`` must be 0 (every overflow skips its step); give clipping to
-        :func:`optimizer_step`, not here."""
+        """None for a setting is its default (as 2.2.1); ``overflow_tolerance`` must be 0 (every
+        overflow skips its step); give clipping to :func:`optimizer_step`, not here."""
+        init_scale = INITIAL_LOSS_SCALE if init_scale is None else init_scale
+        steps_per_increase = STEPS_PER_INCREASE if steps_per_increase is None else steps_per_increase
+        min_loss_scale = MIN_LOSS_SCALE if min_loss_scale is None else min_loss_scale
+        max_loss_scale = MAX_LOSS_SCALE if max_loss_scale is None else max_loss_scale
         if overflow_tolerance:
             raise AmpError(f"GradScaler(overflow_tolerance={overflow_tolerance!r}): the device skips every step "
                            f"that overflows; leave overflow_tolerance at 0")
@@ -95,24 +103,41 @@ def optimizer_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, grad_sc
     optimizer.zero_grad()
 
 
-_HALF: dict[Any, HalfDtype | None] = {torch.float16: "float16", torch.bfloat16: "cbfloat16", "cbfloat16": "cbfloat16",
-                                      "float16": "float16", "bfloat16": "cbfloat16", torch.float32: None, None: None}
+_HALF: dict[Any, HalfDtype | None] = {torch.float16: "float16", torch.bfloat16: "bfloat16", "cbfloat16": "cbfloat16",
+                                      "float16": "float16", "bfloat16": "bfloat16", torch.float32: None, None: None}
+_PROXY: dict[HalfDtype | None, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16,
+                                              "cbfloat16": torch.float16, None: torch.float32}
 
 
-def set_half_dtype(dtype: Any) -> None:
-    """The device's 16-bit compute type: ``torch.float16``, ``torch.bfloat16`` / ``"cbfloat16"``, or
-    ``torch.float32`` / None for float32 (the default)."""
+def set_half_dtype(dtype: Any) -> torch.dtype:
+    """Choose the 16-bit type (``torch.float16``, ``torch.bfloat16``, ``"cbfloat16"``; ``torch.float32`` /
+    None: none); returns the proxy dtype a model casts to. It switches nothing on (see the module manual)."""
     try:
         half = _HALF[dtype]
     except (KeyError, TypeError):
-        raise AmpError(f"set_half_dtype({dtype!r}): give torch.float16, torch.bfloat16 (runs as cbfloat16), "
-                       f"'cbfloat16', or torch.float32 for no half precision") from None
+        raise AmpError(f"set_half_dtype({dtype!r}): give torch.float16, torch.bfloat16, 'cbfloat16', or "
+                       f"torch.float32 for no half precision") from None
     update_settings(half_dtype=half)
+    return _PROXY[half]
 
 
-def get_half_dtype() -> str:
-    """The compute type the device runs: ``float32``, ``float16`` or ``cbfloat16``."""
+def get_half_dtype() -> torch.dtype:
+    """The proxy dtype of the chosen 16-bit type (``torch.float16`` by default; see :func:`set_half_dtype`)."""
+    return _PROXY[training_settings().half_dtype]
+
+
+def get_half_dtype_str() -> str:
+    """The chosen 16-bit type by name: ``float16``, ``bfloat16``, ``cbfloat16`` or ``float32`` (none)."""
     return training_settings().half_dtype or "float32"
 
 
-__all__ = ["GradScaler", "AmpError", "optimizer_step", "set_half_dtype", "get_half_dtype"]
+def autocast(enabled: bool = True) -> Any:
+    """On a CPU backend with mixed precision, torch's bfloat16 autocast; otherwise a context that
+    changes nothing (the device computes in the half type itself when mixed precision is on)."""
+    backend = current_backend()
+    dtype = backend.autocast_dtype if backend is not None and enabled else None
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+__all__ = ["GradScaler", "AmpError", "optimizer_step", "set_half_dtype", "get_half_dtype", "get_half_dtype_str",
+           "autocast"]

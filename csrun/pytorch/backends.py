@@ -8,8 +8,17 @@ eagerly (``initialize(cpu=True)``, even under ``CS_IP`` or ``csrun_wse``). One b
 process: creating a second one of another kind is refused. :func:`compile` wraps the model
 with ``cbtorch.module`` (the driver's whole-step capture on the device).
 
-The device's training settings a 2.x script states in Python — the half dtype
-(:func:`csrun.pytorch.amp.set_half_dtype`), the loss scaling (``amp.GradScaler``) and the
+Half precision follows 2.2.1: :func:`csrun.pytorch.amp.set_half_dtype` chooses the 16-bit
+type (float16 by default; ``torch.bfloat16``; ``"cbfloat16"``), ``mixed_precision`` is the
+switch. ``cstorch.backend("CPU", mixed_precision=True)`` runs each traced step under bfloat16
+autocast, as 2.2.1's CPU backend does (another half type is refused there);
+``cstorch.backend("CSX", mixed_precision=True)`` makes the device compute in the half type.
+Without it the device computes float32, whatever the half type (2.2.1's flow never passes
+``mixed_precision`` to the CSX backend: the system chose by ``precision_opt_level``, csrun
+computes the graph as written, so a float32 script gets the CPU's float32 numbers).
+
+The device's training settings a 2.x script states in Python — the half type and the switch,
+the loss scaling (``amp.GradScaler``) and the
 schedule (``optim.lr_scheduler``) — are collected in one :class:`TrainingSettings` (process-wide, so they may be stated before the
 backend exists) and handed to the driver as its :class:`~csrun.compiler.CompileSettings` until
 the first step compiles; a change after that is refused (:class:`SettingsChangedError`): the
@@ -21,6 +30,7 @@ Clipping (``amp.optimizer_step(max_gradient_norm=...)``) is each step's own, as 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -35,15 +45,24 @@ from csrun.errors import UserError
 from csrun.driver.driver import DeviceDriver
 from csrun.driver.driver import SettingsChangedError as CompiledWithOthers
 
-BackendType = Literal["CSX", "CPU"]
-BACKEND_TYPES: tuple[BackendType, ...] = ("CSX", "CPU")
-"""The backend types: the wafer emulator, or eager PyTorch on the CPU."""
+class BackendType(str, enum.Enum):
+    """The backend types: the wafer emulator, or eager PyTorch on the CPU (equal to their names)."""
+
+    CSX = "CSX"
+    CPU = "CPU"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+BACKEND_TYPES: tuple[str, ...] = tuple(t.value for t in BackendType)
+"""The backend type names."""
 
 CPU_LAUNCHER = "csrun_cpu"
 """Under this launcher a ``"CSX"`` script is the validation run: eager on the CPU (unless ``cs_ip`` is given)."""
 
-HalfDtype = Literal["float16", "cbfloat16"]
-"""The device's 16-bit compute types (``torch.bfloat16`` runs as ``cbfloat16``)."""
+HalfDtype = Literal["float16", "bfloat16", "cbfloat16"]
+"""The 16-bit types (on the device ``bfloat16`` runs as ``cbfloat16``)."""
 
 
 class BackendError(UserError):
@@ -58,8 +77,10 @@ class SettingsChangedError(CompiledWithOthers):
 class TrainingSettings:
     """What the device builds into the program besides the graph (the 2.x script states it in Python)."""
 
-    half_dtype: HalfDtype | None = None
-    """16-bit compute type; None: float32 (``amp.set_half_dtype`` switches mixed precision on)."""
+    half_dtype: HalfDtype | None = "float16"
+    """The 16-bit type (``amp.set_half_dtype``; None: float32 even with mixed precision on)."""
+    mixed_precision: bool = False
+    """The switch: the device computes in :attr:`half_dtype` (``backend(..., mixed_precision=True)``)."""
     loss_scaling: LossScalingSpec = field(default_factory=LossScalingSpec)
     """From the last ``amp.GradScaler`` built (default: no scaling)."""
     learning_rate: Any = 0.0
@@ -67,8 +88,9 @@ class TrainingSettings:
 
     def compile_settings(self) -> CompileSettings:
         """These settings as the compiler takes them (the optimizer comes from the wrapped one)."""
-        return CompileSettings(mixed_precision=self.half_dtype is not None,
-                               use_cbfloat16=self.half_dtype == "cbfloat16", loss_scaling=self.loss_scaling,
+        half = self.half_dtype if self.mixed_precision else None
+        return CompileSettings(mixed_precision=half is not None,
+                               use_cbfloat16=half in ("bfloat16", "cbfloat16"), loss_scaling=self.loss_scaling,
                                learning_rate=self.learning_rate)
 
 
@@ -90,6 +112,16 @@ def update_settings(**changes: Any) -> None:
     _settings = new
 
 
+@dataclass
+class DeviceConfig:
+    """``backend.device.config``: how the system builds the model's weights (accepted, see below)."""
+
+    lazy_initialization: bool = True
+    """The system initialised weights on the appliance; csrun's are the CPU model's, built eagerly."""
+    drop_data: bool = False
+    """The system dropped the weights' values when only compiling; csrun's compile reads shapes."""
+
+
 class Device:
     """``backend.device``: the context the model's weights are created under.
 
@@ -103,6 +135,8 @@ class Device:
         """``"CSX"`` or ``"CPU"``."""
         self.torch_device = torch.device("cpu")
         """Where the model's tensors are (always the CPU copy)."""
+        self.config = DeviceConfig()
+        """Weight-building settings (accepted; see :class:`DeviceConfig`)."""
 
     def __enter__(self) -> "Device":
         return self
@@ -111,7 +145,7 @@ class Device:
         return None
 
     def __repr__(self) -> str:
-        return f"cstorch device {self.type}"
+        return f"cstorch device {self.type.value}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +168,10 @@ class BackendOptions:
     """The embedded emulator's torch device (``cpu``, ``cuda``, ``cuda:<i>``)."""
     queue_depth: int = 2
     """Steps the chief may run ahead of the device."""
+    mixed_precision: bool | None = None
+    """The half-precision switch (None: as the settings have it; see the module manual)."""
+    retrace_every_iteration: bool = False
+    """Accepted: csrun records every step and checks it against the compiled one either way."""
 
 
 class Backend:
@@ -147,6 +185,8 @@ class Backend:
         """True for the wafer emulator."""
         self.is_cpu = not self.is_csx
         """True for eager PyTorch."""
+        self.is_gpu = False
+        """False: csrun has no GPU backend (the emulator may run on one: ``device="cuda"``)."""
         self.device = Device(options.backend_type)
         """The context manager the model is built under."""
         self.model: torch.nn.Module | None = None
@@ -162,6 +202,13 @@ class Backend:
                                         model_dir=options.artifact_dir, compile_dir=options.compile_dir,
                                         device=options.emulator_device, queue_depth=options.queue_depth)
         self.apply_settings(_settings)  # the one hand-over, on the device and on the CPU (TrainingRules)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype a CPU run's traced steps autocast to (bfloat16 with mixed precision; None: float32)."""
+        if self.on_device or not _settings.mixed_precision or self.backend_type != BackendType.CPU:
+            return None
+        return torch.bfloat16
 
     @property
     def run_path(self) -> RunPath:
@@ -185,7 +232,7 @@ class Backend:
                                        f"compiled: set it before the first step and keep it for the run") from None
 
     def __repr__(self) -> str:
-        return f"cstorch.backend({self.backend_type!r}, path={self.run_path.kind})"
+        return f"cstorch.backend({self.backend_type.value!r}, path={self.run_path.kind})"
 
 
 def current_backend() -> Backend | None:
@@ -203,33 +250,52 @@ def require_backend(what: str) -> Backend:
 
 def backend(backend_type: str = "CSX", *, artifact_dir: str | None = None, compile_dir: str | None = None,
             compile_only: bool = False, validate_only: bool = False, cs_ip: str | None = None,
-            device: str = "cpu", queue_depth: int = 2) -> Backend:
+            device: str = "cpu", queue_depth: int = 2, mixed_precision: bool | None = None,
+            retrace_every_iteration: bool = False, **kwargs: Any) -> Backend:
     """Create this process's backend: ``"CSX"`` (the wafer emulator) or ``"CPU"`` (eager).
 
     ``artifact_dir``: where compiles go; ``compile_dir``: one explicit compile folder;
     ``compile_only`` / ``validate_only``: compile (or check) at the end of the first step and
     exit; ``cs_ip``: a ``cs_emulator``'s ``HOST[:PORT]`` (default ``CS_IP``, else embedded);
-    ``device``: the embedded emulator's torch device; ``queue_depth``: steps run ahead.
+    ``device``: the embedded emulator's torch device; ``queue_depth``: steps run ahead;
+    ``mixed_precision``: the half-precision switch (see the module manual);
+    ``retrace_every_iteration``: accepted (every step is checked against the compiled one).
     Calling it again with the same arguments returns the same backend.
     """
     global _current
-    kind = str(backend_type).upper() if isinstance(backend_type, str) else backend_type
+    kind = str(backend_type.value if isinstance(backend_type, BackendType) else backend_type).upper()
+    if kind == "GPU":
+        raise BackendError("cstorch.backend('GPU'): csrun has no GPU backend; run 'CSX' (the wafer emulator, "
+                           "which runs on a GPU with device='cuda') or 'CPU' (eager PyTorch)")
     if kind not in BACKEND_TYPES:
         raise BackendError(f"cstorch.backend({backend_type!r}): the backend types are 'CSX' (the wafer emulator) "
                            f"and 'CPU' (eager PyTorch)")
+    if kwargs:
+        raise BackendError(f"cstorch.backend({kind!r}, {', '.join(f'{k}=...' for k in sorted(kwargs))}): not an "
+                           f"argument csrun's backend takes (artifact_dir, compile_dir, compile_only, validate_only, "
+                           f"cs_ip, device, queue_depth, mixed_precision, retrace_every_iteration)")
+    if mixed_precision is not None and not isinstance(mixed_precision, bool):
+        raise BackendError(f"cstorch.backend({kind!r}, mixed_precision={mixed_precision!r}): give True or False")
     if kind == "CPU" and (compile_only or validate_only):
         raise BackendError("cstorch.backend('CPU', compile_only/validate_only=True): compiling is for the 'CSX' "
                            "backend; use cstorch.backend('CSX', compile_only=True)")
     if kind == "CPU" and cs_ip is not None:
         raise BackendError(f"cstorch.backend('CPU', cs_ip={cs_ip!r}): a cs_ip is for the 'CSX' backend")
-    options = BackendOptions(backend_type=kind, artifact_dir=artifact_dir, compile_dir=compile_dir,
+    options = BackendOptions(backend_type=BackendType(kind), artifact_dir=artifact_dir, compile_dir=compile_dir,
                              compile_only=bool(compile_only), validate_only=bool(validate_only), cs_ip=cs_ip,
-                             emulator_device=device, queue_depth=queue_depth)
+                             emulator_device=device, queue_depth=queue_depth, mixed_precision=mixed_precision,
+                             retrace_every_iteration=bool(retrace_every_iteration))
     if _current is not None:
         if _current.options == options:
             return _current
         raise BackendError(f"a backend already exists ({_current!r}); a process has one: create it once, "
                            f"before the model, and pass it to cstorch.compile")
+    if kind == "CPU" and mixed_precision and _settings.half_dtype != "bfloat16":
+        raise BackendError(f"cstorch.backend('CPU', mixed_precision=True) with half dtype {_settings.half_dtype}: "
+                           f"mixed precision on the CPU is bfloat16 autocast; call "
+                           f"cstorch.amp.set_half_dtype(torch.bfloat16) first")
+    if mixed_precision is not None:
+        update_settings(mixed_precision=mixed_precision)
     _current = Backend(options)
     return _current
 

@@ -10,11 +10,15 @@ CPU it runs eagerly. Either way it must run inside the executor's loop, once per
 argument that is the executor's own ``DataLoader`` stands for the current batch (the slides'
 skeleton calls ``training_step(dataloader)``).
 
+On a CPU backend with mixed precision the step runs under bfloat16 autocast (2.2.1's CPU
+backend; :mod:`csrun.pytorch.backends`).
+
 ``@step_closure`` is cbtorch's (:func:`csrun.torch.step_closure`): calling the function queues
 it, with its arguments, to run when the step's values are ready. ``@checkpoint_closure``
 queues it the same way but only on the executor's checkpoint steps
 (:attr:`~csrun.pytorch.utils.data.DataExecutor.on_checkpoint_step`); on other steps the call
-does nothing.
+does nothing. Called outside an executor's loop (2.2.1's ``save_initial_checkpoint``, before
+the loop) it runs at once.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
+from csrun.pytorch.amp import autocast
 from csrun.torch import add_step_closure, step_closure
 from csrun.pytorch.utils.data import DataExecutor, ExecutorError, current_executor
 
@@ -49,7 +54,8 @@ def trace(fn: F) -> F:
         source = executor.dataloader
         args = tuple(batch if a is source else a for a in args)
         kwargs = {k: batch if v is source else v for k, v in kwargs.items()}
-        return fn(*args, **kwargs)
+        with autocast():
+            return fn(*args, **kwargs)
 
     return step  # type: ignore[return-value]
 
@@ -65,7 +71,10 @@ def checkpoint_closure(fn: F) -> F:
 
     @functools.wraps(fn)
     def queue(*args: Any, **kwargs: Any) -> None:
-        if _executor(fn, "a checkpoint closure runs on the executor's checkpoint_steps").on_checkpoint_step:
+        executor = current_executor()
+        if executor is None:
+            fn(*args, **kwargs)
+        elif executor.on_checkpoint_step:
             add_step_closure(fn, args, kwargs)
 
     return queue  # type: ignore[return-value]

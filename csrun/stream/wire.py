@@ -8,6 +8,7 @@ apart on the stream's own communicator (a duplicate of ``MPI.COMM_WORLD``):
 ``TAG_TEXT``   streamer -> chief: the JSON that follows a HELLO, ERROR or STOPPED header
 ``TAG_DATA``   streamer -> chief: raw batch buffers, one message per leaf
 ``TAG_CREDIT`` chief -> streamer: START, CREDIT, STOP headers
+``TAG_ASSIGN`` chief -> streamer: a 2.x streamer's role, before any stream (:mod:`csrun.stream.assignment`)
 
 Environment variables read (declared, with their defaults and bounds, in :mod:`csrun.env_settings`):
 
@@ -56,6 +57,7 @@ TAG_CTRL = 11
 TAG_TEXT = 12
 TAG_DATA = 13
 TAG_CREDIT = 14
+TAG_ASSIGN = 15
 
 HEADER_LEN = 4
 

@@ -33,6 +33,7 @@ from csrun.errors import UserError
 from csrun.stream.message import pack, unpack
 from csrun.stream.wire import mpi
 from csrun.torch.process_state import comm, state
+from csrun.torch.roles import ensure_assigned
 
 
 class CollectiveError(UserError):
@@ -105,6 +106,7 @@ def _together() -> bool:
     if st.session is not None:
         raise CollectiveError("rendezvous/mesh_reduce inside a Session: the streamers are streaming "
                               "and cannot join; call it before the Session")
+    ensure_assigned()  # csrun.torch.roles: 2.x streamers waiting for a role come to the collective
     return True
 
 

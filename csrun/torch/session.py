@@ -37,6 +37,7 @@ from csrun.torch.closures import add_step_closure, end_step
 from csrun.torch.dataloader import StreamingDataLoader
 from csrun.torch.gc_policy import hold_setup_objects, release_setup_objects
 from csrun.torch.process_state import comm, state, stream_and_exit
+from csrun.torch.roles import ensure_assigned
 
 MODES = ("train", "eval")
 
@@ -84,6 +85,7 @@ class Session:
                                "first one ends")
         if st.streaming:
             stream_timeout(), error_grace()  # a bad setting fails here, while the streamers can still be released
+            ensure_assigned()  # csrun.torch.roles: 2.x streamers still waiting run the script
         self._held_heap = hold_setup_objects()  # csrun.torch.gc_policy: the setup's heap is not scanned again
         try:
             st.backend.begin_session(self.mode, self.dataloader.loader)

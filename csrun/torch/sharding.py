@@ -8,9 +8,14 @@ them. A lone chief is shard 0 of 1. Refused, with a message naming the value:
   have the same, static size;
 * a dataset whose sample count cannot be split evenly across the streamers;
 * a shard smaller than one batch;
-* a loader with no automatic batching (``batch_size=None``) over a map-style dataset, or with a
-  custom ``batch_sampler``. An IterableDataset under ``batch_size=None`` yields whole batches
-  itself (the R1.x zoo's BERT input does): each item is a batch, of the schema's static shapes.
+* a loader with no automatic batching (``batch_size=None``) over a map-style dataset. An
+  IterableDataset under ``batch_size=None`` yields whole batches itself (the R1.x zoo's BERT
+  input does): each item is a batch, of the schema's static shapes.
+
+A custom ``batch_sampler`` (any class but torch's ``BatchSampler``; the 2.x zoo's ``CBSampler``)
+shards itself, as the system's input workers expected: it is streamed as it is, its batches
+are this task's, and its length (when it has one) is this task's batches per epoch. Its
+batches must have one static size, as every batch streamed must (the stream's schema check).
 
 A loader the script already shards (a ``DistributedSampler`` over ``num_streamers()`` at this
 task's ``get_streaming_rank()``, as the R1.x zoo's input functions build one) is streamed as it
@@ -56,6 +61,8 @@ class ShardPlan:
     """Samples in one epoch of the whole loader, when known."""
     presharded: bool = False
     """The script's loader is already this task's shard (a ``DistributedSampler``): streamed as it is."""
+    self_sharding: bool = False
+    """A custom ``batch_sampler`` picks this task's batches itself: the loader is streamed unchanged."""
 
     @property
     def batches_per_epoch(self) -> int | None:
@@ -77,10 +84,9 @@ def plan_shard(loader: Any, shard: int, num_shards: int) -> ShardPlan:
     if loader.batch_size is None and batch_sampler is None:
         raise DataLoaderError("the DataLoader has batch_size=None (no automatic batching): set a "
                               "batch_size; the system streams fixed-size batches")
-    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
-        raise DataLoaderError(f"the DataLoader has a custom batch_sampler "
-                              f"({type(batch_sampler).__name__}), which cannot be split across "
-                              "streamers: use batch_size, drop_last=True and a sampler instead")
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:  # it shards itself
+        return ShardPlan(shard=shard, num_shards=num_shards, batch_size=None, iterable=iterable,
+                         num_samples=None, self_sharding=True)
     if loader.batch_size is not None:
         batch_size, drop_last = loader.batch_size, loader.drop_last
     else:
@@ -167,6 +173,8 @@ def shard_loader(loader: DataLoader, plan: ShardPlan) -> tuple[DataLoader, Shard
     if options.get("num_workers", 0) == 0:
         options.pop("prefetch_factor", None)
         options.pop("persistent_workers", None)
+    if plan.self_sharding:
+        return loader, None
     if plan.iterable:
         return DataLoader(loader.dataset, batch_size=plan.batch_size, drop_last=plan.batch_size is not None,
                           **options), None

@@ -102,7 +102,7 @@ def test_an_r16_runner_trains_on_the_embedded_device_as_eager(tmp_path: Path) ->
     [spec] = tmp_path.glob("cs_*/spec.json")
     recorded = json.loads(spec.read_text())
     assert recorded["loss_scaling"]["factor"] == "dynamic" and recorded["max_gradient_norm"] == 0.5
-    assert {t["dtype"] for t in recorded["inputs"]} == {"float32", "int64"}  # the widths eager computes in
+    assert {t["dtype"] for t in recorded["inputs"]} == {"float32", "int32"}  # float16 widened, int32 as streamed
     assert cm.metrics_counter_value("CerebrasCompileTimeMs") >= 0
 
 

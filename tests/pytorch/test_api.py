@@ -99,9 +99,13 @@ def test_optimizers_are_the_tables() -> None:
     opt = cstorch.optim.configure_optimizer("AdamW", [("w", params[0])], learning_rate=0.01, beta1=0.8,
                                             correct_bias=False)
     assert legacy_type_of(opt) == "adamw" and opt.param_groups[0]["betas"][0] == 0.8
+    ramp = [{"scheduler": "Linear", "initial_learning_rate": 0.02, "end_learning_rate": 0.1, "total_iters": 4},
+            {"scheduler": "Constant", "learning_rate": 0.1}]  # 2.2.1's flow passes the schedule itself
+    scheduled = cstorch.optim.configure_optimizer("sgd", params, learning_rate=ramp)
+    assert scheduled.param_groups[0]["lr"] == pytest.approx(0.02)  # the schedule's first rate until it is built
     with pytest.raises(UserError) as exc:
         cstorch.optim.configure_optimizer("sgd", params, learning_rate={"scheduler": "Constant"})
-    one_line(exc, "configure_lr_scheduler")
+    one_line(exc, "needs ['learning_rate']")
     with pytest.raises(UserError) as exc:
         cstorch.optim.configure_optimizer("sgdd", params, learning_rate=0.1)
     one_line(exc, "'sgdd'")
@@ -169,9 +173,8 @@ def test_checkpoint_closure_runs_at_exactly_the_checkpoint_steps() -> None:
     executor = cstorch.utils.data.DataExecutor(loader(), num_steps=14, checkpoint_steps=4)
     train(backend, executor, on_step=lambda ex: checkpoint(ex.step))
     assert ran == [4, 8, 12, 14] and executor.step == 14  # 14 steps: more than the loader's 10, then the last
-    with pytest.raises(UserError) as exc:
-        checkpoint(1)
-    one_line(exc, "checkpoint() runs inside `for batch in executor:`", "checkpoint_steps")
+    checkpoint(0)  # outside the loop (2.2.1's save_initial_checkpoint): at once
+    assert ran == [4, 8, 12, 14, 0]
 
 
 def test_cs_config_refusals() -> None:
@@ -217,7 +220,9 @@ def test_steps_outside_the_loop_and_twice_per_batch_are_refused() -> None:
 
 
 def test_a_setting_changed_after_the_compile_is_refused(tmp_path: Path) -> None:
-    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path))
+
+    cstorch.amp.set_half_dtype(torch.bfloat16)
+    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path), mixed_precision=True)
 
     def switch(executor: Any) -> None:
         if executor.step == 3:
@@ -242,12 +247,41 @@ def test_half_dtype_reaches_the_compile_and_bad_ones_are_refused(tmp_path: Path)
     with pytest.raises(UserError) as exc:
         cstorch.amp.set_half_dtype(torch.int8)
     one_line(exc, "torch.int8", "torch.float16")
-    cstorch.amp.set_half_dtype(torch.bfloat16)
-    assert cstorch.amp.get_half_dtype() == "cbfloat16"
-    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path))
+    assert cstorch.amp.get_half_dtype() == torch.float16  # 2.2.1's default half type
+    assert cstorch.amp.set_half_dtype("cbfloat16") == torch.float16  # its proxy dtype
+    assert cstorch.amp.set_half_dtype(torch.bfloat16) == torch.bfloat16 == cstorch.amp.get_half_dtype()
+    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path), mixed_precision=True)  # the switch
     train(backend, cstorch.utils.data.DataExecutor(loader(16)))
     [spec] = tmp_path.glob("cs_*/spec.json")
     assert json.loads(spec.read_text())["precision"] == "cbfloat16"
+
+
+def test_choosing_a_half_dtype_switches_nothing_on(tmp_path: Path) -> None:
+    """2.2.1: set_half_dtype picks the type; without mixed_precision the device computes float32."""
+    cstorch.amp.set_half_dtype(torch.float16)
+    backend = cstorch.backend("CSX", artifact_dir=str(tmp_path))
+    train(backend, cstorch.utils.data.DataExecutor(loader(16)))
+    [spec] = tmp_path.glob("cs_*/spec.json")
+    assert json.loads(spec.read_text())["precision"] == "float32"
+
+
+def test_cpu_mixed_precision_is_bfloat16_autocast_as_in_2_2_1() -> None:
+    with pytest.raises(UserError) as exc:
+        cstorch.backend("CPU", mixed_precision=True)  # the half type is float16
+    one_line(exc, "bfloat16 autocast", "set_half_dtype(torch.bfloat16)")
+    cstorch.amp.set_half_dtype(torch.bfloat16)
+    backend = cstorch.backend("CPU", mixed_precision=True)
+    seen: list[torch.dtype] = []
+
+    @cstorch.trace
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x, torch.ones(3, x.shape[1]))
+        seen.append(y.dtype)
+        return y
+
+    for x, _ in cstorch.utils.data.DataExecutor(loader(), num_steps=1):
+        step(x)
+    assert backend.autocast_dtype == torch.bfloat16 and seen == [torch.bfloat16]
 
 
 @pytest.mark.parametrize("flag", ["compile_only", "validate_only"])

@@ -83,13 +83,20 @@ def test_refusals_name_the_value(kwargs, shards, message):
         plan_shard(DataLoader(Ids(12), **kwargs), 0, shards)
 
 
-def test_custom_batch_sampler_and_non_loaders_are_refused():
+def test_a_custom_batch_sampler_shards_itself_and_streams_unchanged():
+    """The 2.x zoo's CBSampler picks each task's batches itself: csrun must not shard it again."""
     class Mine(BatchSampler):
         pass
 
     custom = DataLoader(Ids(12), batch_sampler=Mine(SequentialSampler(range(12)), 2, True))
-    with pytest.raises(DataLoaderError, match="custom batch_sampler"):
-        plan_shard(custom, 0, 1)
+    for shard, shards in ((0, 1), (1, 3)):
+        plan = plan_shard(custom, shard, shards)
+        assert plan.self_sharding and not plan.presharded and plan.batches_per_epoch is None
+        loader, sampler = shard_loader(custom, plan)
+        assert loader is custom and sampler is None
+
+
+def test_non_loaders_and_plain_batch_samplers_without_drop_last_are_refused():
     with pytest.raises(DataLoaderError, match="needs a torch.utils.data.DataLoader, got list"):
         plan_shard([1, 2], 0, 1)
     plain = DataLoader(Ids(12), batch_sampler=BatchSampler(SequentialSampler(range(12)), 3, False))

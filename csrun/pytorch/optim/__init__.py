@@ -19,14 +19,16 @@ Public names: :class:`Optimizer`, one class per type (:data:`OPTIMIZER_CLASSES`)
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
 import csrun.torch as cbtorch
 from csrun.program import optimizer_classes as engine_optimizers
 from csrun.errors import UserError
+from csrun.program.errors import SpecError
 from csrun.program.optimizers import OPTIMIZERS
+from csrun.program.schedules import build_schedule
 from csrun.program.optimizers import Optimizer as OptimizerEntry
 from csrun.pytorch.backends import require_backend
 from csrun.pytorch.optim import lr_scheduler
@@ -88,11 +90,47 @@ def configure_optimizer(optimizer_type: str, params: Iterable[Any], **kwargs: An
         raise OptimizerError("configure_optimizer(exclude_from_weight_decay=...) matches parameter names: pass "
                              "params=model.named_parameters()")
     lr = kwargs.pop("learning_rate", kwargs.pop("lr", None))
+    if isinstance(lr, (Mapping, list, tuple)):  # a schedule (2.2.1): its first rate until the scheduler is built
+        lr = build_schedule(lr)(0)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)):
-        raise OptimizerError(f"configure_optimizer(learning_rate={lr!r}): give a number here and a schedule to "
-                             f"cstorch.optim.configure_lr_scheduler(optimizer, learning_rate=...)")
+        raise OptimizerError(f"configure_optimizer(learning_rate={lr!r}): give a number or a schedule (a "
+                             f"{{scheduler: ...}} mapping or a list of them)")
     opt = engine_optimizers.build_optimizer(optimizer_type, kwargs, named, lr=float(lr))
     return prepare(opt)
+
+
+def configure_param_groups(model: torch.nn.Module, optimizer_params: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The parameters :func:`configure_optimizer` takes, by name (2.2.1's grouping: the optimizer keys
+    ``exclude_from_weight_decay`` / ``weight_decay`` are applied there by name); per-layer
+    ``adjust_learning_rate`` factors are refused (every group runs one schedule)."""
+    if optimizer_params.get("adjust_learning_rate"):
+        raise OptimizerError("optimizer.adjust_learning_rate: per-layer learning-rate factors are not supported; "
+                             "give every parameter the same schedule")
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def configure_optimizer_params(optimizer_type: str, kwargs: Mapping[str, Any]) -> tuple[type, dict[str, Any]]:
+    """Check ``optimizer_type`` and its keys as :func:`configure_optimizer` would; returns the class and the keys."""
+    entry = OPTIMIZERS.get(str(optimizer_type).lower())
+    if entry is None:
+        raise OptimizerError(f"optimizer_type {optimizer_type!r}: not one csrun's device runs; give one of "
+                             f"{', '.join(sorted(e.name for e in OPTIMIZERS.values()))}")
+    params = dict(kwargs)
+    params.update(params.pop("optim_params", None) or {})
+    return OPTIMIZER_CLASSES[entry.name], params
+
+
+def configure_scheduler_params(learning_rate: Any) -> tuple[str, dict[str, Any]]:
+    """Check one ``learning_rate`` form (a ``{scheduler: ...}`` mapping or a number); returns its
+    scheduler name and keys."""
+    try:
+        build_schedule(learning_rate)
+    except SpecError as exc:
+        raise OptimizerError(str(exc)) from None
+    if isinstance(learning_rate, Mapping):
+        rest = {k: v for k, v in learning_rate.items() if k != "scheduler"}
+        return str(learning_rate.get("scheduler")), rest
+    return "constant", {"learning_rate": learning_rate}
 
 
 def configure_lr_scheduler(optimizer: torch.optim.Optimizer, learning_rate: Any,
@@ -106,4 +144,5 @@ def configure_lr_scheduler(optimizer: torch.optim.Optimizer, learning_rate: Any,
 
 
 __all__ = ["Optimizer", "OptimizerError", "OPTIMIZER_CLASSES", "configure_optimizer", "configure_lr_scheduler",
+           "configure_param_groups", "configure_optimizer_params", "configure_scheduler_params",
            "lr_scheduler", "prepare", *(cls.__name__ for cls in OPTIMIZER_CLASSES.values())]

@@ -1,9 +1,9 @@
-"""``cstorch.utils``: :class:`CSConfig` (:mod:`csrun.pytorch.utils.config`) and :mod:`data`
-(``DataLoader``, ``DataExecutor``: :mod:`csrun.pytorch.utils.data`)."""
+"""``cstorch.utils``: :class:`CSConfig` (:mod:`~csrun.pytorch.utils.config`), :mod:`data` (the loop),
+:mod:`tensorboard`, :mod:`tracker`, :mod:`nest`, :mod:`kernel`."""
 
 from __future__ import annotations
 
-from csrun.pytorch.utils import data
+from csrun.pytorch.utils import data, kernel, nest, tensorboard, tracker
 from csrun.pytorch.utils.config import CSConfig, CSConfigError
 
-__all__ = ["CSConfig", "CSConfigError", "data"]
+__all__ = ["CSConfig", "CSConfigError", "data", "kernel", "nest", "tensorboard", "tracker"]

@@ -9,6 +9,11 @@ filesystem every task sees. So:
   (``csrun_wse --total-nodes N+1`` gives N);
 * ``mount_dirs`` must exist (they are seen as they are: nothing is mounted);
 * ``disable_version_check`` is accepted (there is no version to check);
+* ``precision_opt_level`` may be 1, the system's default, which 2.2.1's flow always sets
+  (csrun's device computes what the graph says: float32, or the half type with
+  ``mixed_precision``); ``debug_args`` may be the appliance's empty
+  :class:`~csrun.appliance.run_utils.DebugArgs`, which the flow always passes;
+* ``None`` for any field is its default (the flow passes ``runconfig.get(...)``);
 * every other field is the appliance's (its management service, weight servers, activation
   servers, job labels and time limit, transfer processes, precision level, debug args) and is
   refused when set to anything but its default, with the csrun way to get it where there is one.
@@ -22,6 +27,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
+from csrun.appliance.run_utils import DebugArgs
 from csrun.errors import ConfigError
 
 #: A CSConfig field csrun cannot honour: the one :class:`csrun.errors.ConfigError` (exit 2)
@@ -39,19 +45,24 @@ _FIXES: dict[str, str] = {
     "job_labels": "name the Slurm job instead (csrun_wse --use-sbatch --job-name NAME)",
     "job_time_sec": "give Slurm the time limit (csrun_wse --use-sbatch --time 01:00:00)",
     "transfer_processes": "csrun transfers weights within the chief's process",
-    "precision_opt_level": "choose the compute type with cstorch.amp.set_half_dtype",
-    "debug_args": "csrun has no appliance debug arguments",
+    "job_priority": "give Slurm the priority (sbatch --nice / --qos)",
+    "fabric_type_blacklist": "csrun's device has no fabric types to exclude",
     "python_paths": "set PYTHONPATH in the job's environment; every task of the job sees it",
 }
+
+
+_NONE = object()
+_DEFAULTS: dict[str, Any] = {"job_priority": "p2"}
+"""Appliance fields at the value the 2.2.1 flow always passes (the appliance's default): accepted."""
 
 
 @dataclass(kw_only=True)
 class CSConfig:
     """The 2.x cluster config (see the module manual for what csrun honours)."""
 
-    num_csx: int = 1
+    num_csx: int | None = 1
     """Systems to train on; csrun emulates one."""
-    num_workers_per_csx: int = 0
+    num_workers_per_csx: int | None = 0
     """Input workers per system (0: the streamer tasks the job was launched with)."""
     mount_dirs: list[str] | None = None
     """Folders the workers must see (checked to exist)."""
@@ -77,17 +88,37 @@ class CSConfig:
     """Refused: Slurm's time limit."""
     transfer_processes: int | None = None
     """Refused."""
-    precision_opt_level: int | None = None
-    """Refused: use cstorch.amp.set_half_dtype."""
-    debug_args: Any = None
+    job_priority: str | None = None
+    """Refused: Slurm's priority."""
+    fabric_type_blacklist: list[str] | None = None
     """Refused."""
+    precision_opt_level: int | None = None
+    """None or 1 (the system's default); others refused."""
+    debug_args: Any = None
+    """None or an empty ``DebugArgs``; anything set in it is refused."""
 
     def check(self, num_streamers: int | None = None) -> None:
         """Refuse what csrun cannot honour; with ``num_streamers`` (the job's) check the workers too."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in _FIXES and value not in (None, [], {}, ""):
+            if f.name in _FIXES and value not in (None, [], {}, "") and _DEFAULTS.get(f.name, _NONE) != value:
                 raise CSConfigError(f"CSConfig({f.name}={value!r}) is the appliance's: {_FIXES[f.name]}")
+        if self.precision_opt_level not in (None, 1):
+            raise CSConfigError(f"CSConfig(precision_opt_level={self.precision_opt_level!r}): csrun's device computes "
+                                f"what the graph says (float32, or the half type with backend(mixed_precision=True)); "
+                                f"leave runconfig.precision_opt_level at 1")
+        if self.debug_args is not None:
+            if not isinstance(self.debug_args, DebugArgs):
+                raise CSConfigError(f"CSConfig(debug_args={type(self.debug_args).__name__}): csrun takes the "
+                                    f"appliance's empty DebugArgs only (cerebras.appliance.run_utils.get_debug_args())")
+            if not self.debug_args.is_default():
+                raise CSConfigError(f"CSConfig(debug_args: {', '.join(self.debug_args.changed())} set): the appliance "
+                                    f"pods' memory requests; give Slurm the memory (sbatch --mem) and remove "
+                                    f"runconfig.*_memory_gi")
+        if self.num_csx is None:
+            self.num_csx = 1
+        if self.num_workers_per_csx is None:
+            self.num_workers_per_csx = 0
         if isinstance(self.num_csx, bool) or not isinstance(self.num_csx, int) or self.num_csx < 1:
             raise CSConfigError(f"CSConfig(num_csx={self.num_csx!r}): give a positive number of systems (1 here)")
         if self.num_csx > 1:

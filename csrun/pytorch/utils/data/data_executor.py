@@ -19,7 +19,15 @@ batch or when the loop ends.
 the next epochs). ``checkpoint_steps``: every so many steps, and at the last step,
 :attr:`DataExecutor.on_checkpoint_step` is True and ``@cstorch.checkpoint_closure`` runs.
 ``cs_config``: a :class:`~csrun.pytorch.utils.CSConfig`, checked against the job when the
-loop starts. :attr:`DataExecutor.step` is the 1-based number of the current step. A loop
+loop starts. ``writer``: a :class:`~csrun.pytorch.utils.tensorboard.SummaryWriter` that
+``cstorch.summarize_scalar`` / ``summarize_tensor`` write through (at its ``base_step`` plus
+the step, 1-based, minus one). ``activation_steps`` (how often the system fetched outputs:
+csrun has every step's) and ``micro_batch_size`` (:data:`MbsSetting`: the system's tiling of
+a batch, which changes its speed, not its numbers: csrun runs the whole batch) are accepted;
+``listeners`` must be empty (tensor listeners are the system's debugging hooks).
+:attr:`DataExecutor.step` (also :attr:`~DataExecutor.user_iteration`) is the 1-based number
+of the current step, :attr:`~DataExecutor.on_final_iteration` is True on the last one, and
+:attr:`~DataExecutor.profiler` ``.rate_tracker`` counts the samples of the steps begun. A loop
 left with ``break`` after a whole step ends the run as if it were done (the last step's
 closures run); left mid-step (an error in the loop's body) it ends as a failed session.
 The session's mode follows the compiled model: ``model.eval()`` before the loop makes it an
@@ -30,14 +38,19 @@ eval run (forward only).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Literal, Union
 
 import torch
 
 import csrun.torch as cbtorch
 from csrun.errors import UserError
 from csrun.pytorch.backends import require_backend
+from csrun.pytorch.input_worker import assign_input
 from csrun.pytorch.utils.config import CSConfig
+from csrun.pytorch.utils.tracker import RateTracker
+
+MbsSetting = Union[None, int, Literal["auto", "explore", "disable"]]
+"""``micro_batch_size``: the system's tiling of a batch (None, a size, ``"auto"``, ``"explore"``, ``"disable"``)."""
 
 
 class ExecutorError(UserError):
@@ -56,10 +69,13 @@ class DataLoader:
         self.args = args
         self.kwargs = kwargs
         self._streaming: cbtorch.StreamingDataLoader | None = None
+        self.rng_state: torch.Tensor | None = None
+        """torch's random state just before ``input_fn`` ran here (None before)."""
 
     def streaming(self) -> cbtorch.StreamingDataLoader:
         """The loader ``input_fn`` built, wrapped by ``cbtorch.dataloader`` (built on first use)."""
         if self._streaming is None:
+            self.rng_state = torch.get_rng_state()  # what a streamer building the same loader starts from
             loader = self.input_fn(*self.args, **self.kwargs)
             if not isinstance(loader, torch.utils.data.DataLoader):
                 name = getattr(self.input_fn, "__name__", repr(self.input_fn))
@@ -70,6 +86,26 @@ class DataLoader:
 
     def __len__(self) -> int:
         return len(self.streaming())
+
+    @property
+    def batch_size(self) -> int | None:
+        """The torch loader's ``batch_size`` (None for a loader without one)."""
+        return self.streaming().loader.batch_size
+
+    @property
+    def is_restartable(self) -> bool:
+        """False: the data position of a resumed run is csrun's (the checkpoint's global step), not the loader's."""
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Empty (see :attr:`is_restartable`)."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Accepts the empty state of :meth:`state_dict`; a loader's own state is refused."""
+        if state_dict:
+            raise ExecutorError(f"DataLoader.load_state_dict({sorted(state_dict)}): csrun resumes the input at the "
+                                f"checkpoint's global step; leave the dataloader out of load_checkpoint_states")
 
     def __iter__(self) -> Iterator[Any]:
         raise ExecutorError("iterate a cstorch.utils.data.DataExecutor(dataloader), not the DataLoader: the "
@@ -92,11 +128,20 @@ def _positive(name: str, value: Any) -> int | None:
     return value
 
 
+class Profiler:
+    """``executor.profiler``: the executor's :class:`~csrun.pytorch.utils.tracker.RateTracker`."""
+
+    def __init__(self) -> None:
+        self.rate_tracker = RateTracker()
+        """Samples of the steps begun, over time."""
+
+
 class DataExecutor:
     """Runs the training loop's steps over a :class:`DataLoader` (see the module manual)."""
 
     def __init__(self, dataloader: DataLoader, num_steps: int | None = None, checkpoint_steps: int | None = None,
-                 cs_config: CSConfig | None = None) -> None:
+                 activation_steps: int | None = None, cs_config: CSConfig | None = None, writer: Any = None,
+                 listeners: Any = None, micro_batch_size: MbsSetting = None) -> None:
         if not isinstance(dataloader, DataLoader):
             raise ExecutorError(f"DataExecutor needs a cstorch.utils.data.DataLoader(input_fn), got "
                                 f"{type(dataloader).__name__}")
@@ -108,6 +153,22 @@ class DataExecutor:
         """Steps to run (None: one pass over the loader)."""
         self.checkpoint_steps = _positive("checkpoint_steps", checkpoint_steps)
         """Checkpoint every so many steps (None: never)."""
+        self.activation_steps = _positive("activation_steps", activation_steps)
+        """Accepted (csrun fetches every step's values)."""
+        if listeners:
+            raise ExecutorError(f"DataExecutor(listeners=[{len(list(listeners))} listener(s)]): tensor listeners are "
+                                f"the system's debugging hooks; read values in a cstorch.step_closure instead")
+        if not (micro_batch_size is None or micro_batch_size in ("auto", "explore", "disable")
+                or (isinstance(micro_batch_size, int) and not isinstance(micro_batch_size, bool)
+                    and micro_batch_size > 0)):
+            raise ExecutorError(f"DataExecutor(micro_batch_size={micro_batch_size!r}): give None, a positive size, "
+                                f"'auto', 'explore' or 'disable'")
+        self.micro_batch_size: MbsSetting = micro_batch_size
+        """Accepted (csrun runs the whole batch)."""
+        self.writer = writer
+        """Where ``cstorch.summarize_scalar`` writes (None: nowhere)."""
+        self.profiler = Profiler()
+        """``profiler.rate_tracker``: samples over time."""
         self.cs_config = cs_config if cs_config is not None else CSConfig()
         self.cs_config.check()
         self.step = 0
@@ -117,6 +178,16 @@ class DataExecutor:
         self.total_steps: int | None = None
         """Steps this loop runs (known when it starts; None for a loader without a length)."""
         self._traced = False
+
+    @property
+    def user_iteration(self) -> int:
+        """The current step, 1-based (as :attr:`step`)."""
+        return self.step
+
+    @property
+    def on_final_iteration(self) -> bool:
+        """True on the last step of the loop (when the number of steps is known)."""
+        return self.total_steps is not None and self.step == self.total_steps
 
     @property
     def on_checkpoint_step(self) -> bool:
@@ -139,6 +210,10 @@ class DataExecutor:
     def __iter__(self) -> Iterator[Any]:
         global _running
         backend = require_backend("DataExecutor")
+        model = backend.model
+        mode = "eval" if model is not None and not model.training else "train"
+        source = self.dataloader
+        assign_input(source.input_fn, source.args, source.kwargs, mode, source.rng_state)  # 2.x streamers' role
         loader = self.dataloader.streaming()
         self.cs_config.check(num_streamers=cbtorch.num_streamers())
         total = self.num_steps
@@ -149,8 +224,6 @@ class DataExecutor:
                 total = None
         self.total_steps = total
         self.step = 0
-        model = backend.model
-        mode = "eval" if model is not None and not model.training else "train"
         if _running is not None:
             raise ExecutorError("executor loops do not nest: finish the running one first")
         session = cbtorch.Session(loader, mode=mode)
@@ -179,6 +252,7 @@ class DataExecutor:
                 produced = True
                 self.step += 1
                 self.batch, self._traced = batch, False
+                self.profiler.rate_tracker.add(_batch_size(batch))
                 yield batch
                 if total is not None and self.step >= total:
                     return
@@ -191,4 +265,13 @@ class DataExecutor:
                 return
 
 
-__all__ = ["DataLoader", "DataExecutor", "ExecutorError", "current_executor"]
+def _batch_size(batch: Any) -> int:
+    """The leading size of the batch's first tensor (0 when it has none)."""
+    from csrun.pytorch.utils.nest import visit_torch_tensors
+
+    for _, tensor in visit_torch_tensors(batch):
+        return int(tensor.shape[0]) if tensor.dim() else 1
+    return 0
+
+
+__all__ = ["DataLoader", "DataExecutor", "ExecutorError", "MbsSetting", "Profiler", "current_executor"]

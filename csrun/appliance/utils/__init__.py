@@ -1,0 +1,1 @@
+"""``cerebras.appliance.utils``: :mod:`file` and :mod:`units`."""

@@ -1,0 +1,5 @@
+"""``cstorch.core``: :mod:`modes` (the run modes)."""
+
+from csrun.pytorch.core import modes
+
+__all__ = ["modes"]

@@ -1,0 +1,5 @@
+"""``cstorch.nn``: :mod:`functional` (``one_hot``)."""
+
+from csrun.pytorch.nn import functional
+
+__all__ = ["functional"]

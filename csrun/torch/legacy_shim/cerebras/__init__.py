@@ -1,1 +1,0 @@
-"""Legacy import shim (csrun --legacy-imports): the ``cerebras`` namespace maps onto csrun."""

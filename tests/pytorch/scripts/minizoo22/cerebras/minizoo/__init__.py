@@ -1,0 +1,1 @@
+"""A miniature 2.2.1 Model Zoo package (tests only)."""
