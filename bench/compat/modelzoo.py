@@ -42,7 +42,6 @@ import re
 import secrets
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -51,9 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-STAND_INS = Path(__file__).resolve().parent / "stand_ins"
-BIN = ROOT / "bin"
+import zoo_runs
+from zoo_runs import BIN, STAND_INS, Result, make_mnist, print_table
+
 STEP = re.compile(r"\| (Train|Eval) Device=\S+ Step=(\d+) Loss=([0-9.eE+-]+)")
 AVG_EVAL = re.compile(r"Avg Eval\. Loss = ([0-9.eE+-]+)")
 PARAMS = """\
@@ -161,37 +160,6 @@ class Model:
     steps: int
 
 
-@dataclass
-class Result:
-    """One command's outcome."""
-
-    name: str
-    command: str
-    rc: int
-    steps: int | None
-    losses: list[float]
-    average_eval_loss: float | None
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """An unsigned-byte IDX file, as MNIST's."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(struct.pack(">HBB", 0, 8, array.ndim))
-        f.write(struct.pack(">" + "I" * array.ndim, *array.shape))
-        f.write(array.astype(np.uint8).tobytes())
-
-
-def make_mnist(data: Path, samples: int) -> None:
-    """Random digits and labels in both MNIST file sets, under ``data/{train,val}/MNIST/raw``."""
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        raw = data / split / "MNIST" / "raw"
-        for prefix in ("train", "t10k"):
-            write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (samples, 28, 28)))
-            write_idx(raw / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, (samples,)))
-
-
 def ensure_deps(deps: Path) -> None:
     """The zoo's start-up imports that have no stand-in, installed into ``deps`` when missing."""
     if (deps / "keras_preprocessing").is_dir() and (deps / "urllib3").is_dir():
@@ -218,16 +186,8 @@ def make_gpt2(data: Path, msl: int = 16) -> None:
 
 
 def run(name: str, argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
-    """Run ``argv`` from the zoo's root and read the losses it logged."""
-    done = subprocess.run(argv, cwd=zoo, env=env, capture_output=True, text=True, timeout=900)
-    text = done.stdout + done.stderr
-    steps = [(int(m.group(2)), float(m.group(3))) for m in STEP.finditer(text)]
-    avg = AVG_EVAL.search(text)
-    if done.returncode != 0:
-        sys.stderr.write(f"--- {name} exited {done.returncode}:\n{text[-3000:]}\n")
-    shown = " ".join(a if a.startswith("-") or "/" not in a else Path(a).name for a in argv)
-    return Result(name=name, command=shown, rc=done.returncode, steps=steps[-1][0] if steps else None,
-                  losses=[loss for _, loss in steps], average_eval_loss=float(avg.group(1)) if avg else None)
+    """Run ``argv`` from the zoo's root and read the losses R1.6's runner logged."""
+    return zoo_runs.run(name, argv, zoo, env, step=STEP, avg_eval=AVG_EVAL)
 
 
 def remote_run(name: str, argv: list[str], zoo: Path, env: dict[str, str]) -> Result:
@@ -247,16 +207,6 @@ def remote_run(name: str, argv: list[str], zoo: Path, env: dict[str, str]) -> Re
     finally:
         server.terminate()
         server.wait(timeout=30)
-
-
-def same(a: Result, b: Result) -> str:
-    """Whether two runs logged the same losses (to 1e-5)."""
-    if not a.losses or len(a.losses) != len(b.losses):
-        return "-"
-    if all(abs(x - y) <= 1e-5 for x, y in zip(a.losses, b.losses)):
-        return "yes"
-    sys.stderr.write(f"--- {a.name} differs from {b.name}:\n{a.losses}\n{b.losses}\n")
-    return "no"
 
 
 def rows(model: Model, work: Path, zoo: Path, env: dict[str, str], slurm: bool) -> list[tuple[Result, Result | None]]:
@@ -351,15 +301,7 @@ def main() -> int:
         params.write_text(text)
         table += rows(Model(name=name, script=scripts[name], params=params, steps=args.steps), work, zoo, env,
                       slurm=bool(os.environ.get("SLURM_CONF")))
-    print("| run | command (from the zoo's root) | exit | last step | last loss | losses = CPU path's (1e-5) |")
-    print("|---|---|---|---|---|---|")
-    for r, ref in table:
-        equal = "-" if ref is None else same(r, ref)
-        if ref is not None and r.average_eval_loss is not None:
-            equal += f" (avg eval loss {r.average_eval_loss:.6f} vs {ref.average_eval_loss:.6f})"
-        last = f"{r.losses[-1]:.5f}" if r.losses else "-"
-        print(f"| {r.name} | `{r.command}` | {r.rc} | {r.steps if r.steps is not None else '-'} | {last} | {equal} |")
-    return 0 if all(r.rc == 0 for r, _ in table) else 1
+    return print_table("run", table)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from modelzoo import BIN, STAND_INS, Result, make_mnist, same
+import zoo_runs
+from zoo_runs import BIN, STAND_INS, Result, make_mnist, print_table
 
 STEP = re.compile(r"\| (Train|Eval) Device=.*?, Step=(\d+), Loss=([0-9.eE+-]+)")
 AVG_EVAL = re.compile(r"Avg Eval Loss: ([0-9.eE+-]+)")
@@ -122,18 +123,8 @@ def make_gpt2_map(data: Path) -> None:
 
 
 def run(name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> Result:
-    """Run ``argv`` in the model's folder and read the losses (and eval metrics) it logged."""
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    text = done.stdout + done.stderr
-    steps = [(int(m.group(2)), float(m.group(3))) for m in STEP.finditer(text)]
-    avg = AVG_EVAL.search(text)
-    if done.returncode != 0:
-        sys.stderr.write(f"--- {name} exited {done.returncode}:\n{text[-3000:]}\n")
-    metrics = ", ".join(f"{k}={float(v):.6g}" for k, v in METRIC.findall(text))
-    shown = " ".join(a if a.startswith("-") or "/" not in a else Path(a).name for a in argv)
-    return Result(name=name + (f" ({metrics})" if metrics else ""), command=shown, rc=done.returncode,
-                  steps=steps[-1][0] if steps else None, losses=[loss for _, loss in steps],
-                  average_eval_loss=float(avg.group(1)) if avg else None)
+    """Run ``argv`` in the model's folder and read what 2.2.1's flow logged (losses, eval metrics)."""
+    return zoo_runs.run(name, argv, cwd, env, step=STEP, avg_eval=AVG_EVAL, metric=METRIC)
 
 
 def rows(model: Model, work: Path, env: dict[str, str]) -> list[tuple[Result, Result | None]]:
@@ -191,13 +182,4 @@ def main(zoo: Path, work: Path, deps: Path | None, steps: int) -> int:
     table: list[tuple[Result, Result | None]] = []
     for model in models:
         table += rows(model, work, env)
-    print("| run (Release_2.2.1) | command (from the model's folder) | exit | last step | last loss | "
-          "losses = reference's (1e-5) |")
-    print("|---|---|---|---|---|---|")
-    for r, ref in table:
-        equal = "-" if ref is None else same(r, ref)
-        if ref is not None and r.average_eval_loss is not None and ref.average_eval_loss is not None:
-            equal += f" (avg eval loss {r.average_eval_loss:.6f} vs {ref.average_eval_loss:.6f})"
-        last = f"{r.losses[-1]:.5f}" if r.losses else "-"
-        print(f"| {r.name} | `{r.command}` | {r.rc} | {r.steps if r.steps is not None else '-'} | {last} | {equal} |")
-    return 0 if all(r.rc == 0 for r, _ in table) else 1
+    return print_table("run (Release_2.2.1)", table)

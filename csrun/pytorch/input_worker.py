@@ -123,8 +123,8 @@ def assign_input(input_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], m
 
 def serve(document: dict[str, Any]) -> NoReturn:
     """On a streamer: build the chief's input function's loader and stream it; never returns."""
+    import csrun.torch as cbtorch
     from csrun.pytorch.backends import backend, update_settings
-    from csrun.pytorch.utils.data import DataExecutor, DataLoader
 
     for path in document.get("sys_path", []):
         if isinstance(path, str) and path not in sys.path and os.path.isdir(path):
@@ -142,10 +142,12 @@ def serve(document: dict[str, Any]) -> NoReturn:
         raise InputWorkerError(f"the chief's input function {module}.{qualname} does not import on this "
                                f"streamer ({exc}): every task must see the same files") from None
     torch.set_rng_state(document["rng_state"])
-    loader = DataLoader(fn, *document.get("args", []), **document.get("kwargs", {}))
-    for _ in DataExecutor(loader):  # the streamer's Session streams and exits 0
-        break
-    raise InputWorkerError("the streamer's input loop returned")  # not reached: the Session exits the process
+    loader = fn(*document.get("args", []), **document.get("kwargs", {}))
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        raise InputWorkerError(f"{module}.{qualname}() returned {type(loader).__name__}: the input function must "
+                               f"return a torch.utils.data.DataLoader")
+    cbtorch.Session(cbtorch.dataloader(loader), mode=str(document.get("mode", "train"))).__enter__()  # streams, exits 0
+    raise InputWorkerError("the streamer's Session returned")  # not reached: a streamer's Session ends the process
 
 
 __all__ = ["InputWorkerError", "on_import", "assign_input", "serve"]

@@ -52,7 +52,9 @@ def wait_assignment(comm: Any, chief: int = 0) -> dict[str, Any] | None:
         if comm.Iprobe(source=chief, tag=TAG_ASSIGN):
             seen.append("assign")
         elif comm.Iprobe(source=chief, tag=TAG_CREDIT):
-            seen.append("stop")
+            # the chief sends its assignment before anything on the credit tag: one that arrived
+            # between the two probes is here now, so look again before taking this for a STOP
+            seen.append("assign" if comm.Iprobe(source=chief, tag=TAG_ASSIGN) else "stop")
         return bool(seen)
 
     wait_for(ready, Backoff.streamer())

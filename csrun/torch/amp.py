@@ -42,6 +42,7 @@ from csrun.program.loss_scaling import (
     MIN_LOSS_SCALE,
     STEPS_PER_INCREASE,
 )
+from csrun.torch.backend import EagerBackend
 from csrun.torch.process_state import state
 
 
@@ -50,7 +51,9 @@ class GradScalerError(UserError):
 
 
 def _on_device() -> bool:
-    return state().options.uses_device and not state().options.compile_only and not state().options.validate_only
+    """True when the step is the device's (captured whole, compile_only and validate_only too): the
+    scaling is the program's and the gradients exist only inside it."""
+    return not isinstance(state().backend, EagerBackend)
 
 
 class GradScaler:

@@ -68,3 +68,16 @@ def test_clipping_in_the_traced_step_is_the_devices_own(no_slurm_env: dict[str, 
     unclipped = flow(no_slurm_env, one, "CSX", tmp_path / "csx", "--no-clip")
     assert max(abs(a - b) for a, b in zip(unclipped_cpu["losses"], clipped_cpu["losses"])) > 1e-3
     assert max(abs(a - b) for a, b in zip(unclipped["losses"], unclipped_cpu["losses"])) <= 1e-5
+
+
+@pytest.mark.parametrize("ending, rc", [("pass", 0), ("raise SystemExit(3)", 3)])
+def test_streamers_waiting_for_a_role_leave_when_the_chief_ends_without_a_loop(
+        no_slurm_env: dict[str, str], tmp_path: Path, ending: str, rc: int) -> None:
+    """A 2.x script whose chief never reaches a loop: the streamers, waiting for their role, end with it."""
+    script = tmp_path / "no_loop.py"
+    script.write_text("import csrun.pytorch as cstorch\n"
+                      "open(f'ran_{cstorch.distributed.get_ordinal()}', 'w').close()\n" + ending + "\n")
+    done = subprocess.run([str(BIN / "csrun_wse"), "--total-nodes", "3", sys.executable, str(script)],
+                          env=no_slurm_env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == rc, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("ran_*")) == ["ran_0"]  # the streamers never ran the script on

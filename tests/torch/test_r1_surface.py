@@ -54,6 +54,8 @@ def test_a_zoo_shaped_gate_takes_csrun_and_never_its_fallback() -> None:
     assert got["cm"] == "csrun.torch.core.cb_model" and got["modes"] == ["train", "eval", "train_and_eval"]
     assert got["perf"] is None and got["assess"] == "csrun.torch.r1.unsupported" and got["xla"] == 3
     assert got["num_tasks"] == 1 and got["loader"] == "StreamingDataLoader" and got["optimizer"] == "Optimizer"
+    # R1.6's own extract_loss: the 2.x API (whose import makes a streamer wait for a role) stays out
+    assert got["extract_loss"] == "csrun.torch.r1.framework" and got["two_x_imported"] is False
 
 
 def test_without_the_shim_the_same_gate_falls_back() -> None:

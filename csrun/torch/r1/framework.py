@@ -233,7 +233,20 @@ optim = SimpleNamespace(
 nn = SimpleNamespace(StripPadding=unsupported_class(
     "cbtorch.nn.StripPadding", "variable tensor shapes are a system kernel; set model.enable_vts: False"))
 """``cbtorch.nn``."""
+def extract_loss(model_outputs: Any) -> Any:
+    """``cbtorch.utils.extract_loss``: the loss in a model's outputs (the tensor itself, the first of a
+    tuple or list, or its ``loss`` attribute); anything else is a ``TypeError``, as in R1.6."""
+    if isinstance(model_outputs, torch.Tensor):
+        return model_outputs
+    if isinstance(model_outputs, (list, tuple)) and model_outputs:
+        return model_outputs[0]
+    if hasattr(model_outputs, "loss"):
+        return model_outputs.loss
+    raise TypeError(f"Invalid outputs type: {type(model_outputs)}.")
+
+
 utils = SimpleNamespace(
+    extract_loss=extract_loss,
     data=SimpleNamespace(dataloader=SimpleNamespace(DataLoader=StreamingDataLoader)),
     nest=SimpleNamespace(
         visit_xla_tensors=unsupported("cbtorch.utils.nest.visit_xla_tensors", _APPLIANCE),
