@@ -12,6 +12,7 @@ what it was writing).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -22,6 +23,26 @@ Writer = Callable[[BinaryIO], object]
 def temporary_name(path: Path) -> Path:
     """Where ``path`` is written before it is renamed into place."""
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+TEMPORARY = re.compile(r"^\..+\.\d+\.tmp$")
+"""The name :func:`temporary_name` gives (``.<name>.<pid>.tmp``)."""
+
+
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Delete the temporaries a crashed writer left in ``folder`` (call it only while no other process
+    writes there: e.g. holding the folder's lock); returns what was removed."""
+    removed: list[Path] = []
+    if not Path(folder).is_dir():
+        return removed
+    for path in Path(folder).iterdir():
+        if TEMPORARY.match(path.name) and path.is_file():
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(path)
+    return removed
 
 
 def write_temporary(path: Path, content: Writer | bytes) -> Path:

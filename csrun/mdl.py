@@ -152,7 +152,7 @@ def _plain_bytes(path: Path, state: Any) -> bytes:
         torch.load(buf, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch reports an unsupported object in many ways
         raise CheckpointError(f"cannot save {path}: the object is not plain data (tensors, dicts, lists, numbers, "
-                              f"strings): {_first_line(exc)}") from None
+                              f"strings): {_not_plain(exc)}") from None
     return buf.getvalue()
 
 
@@ -244,6 +244,16 @@ def read_mdl(path: str | os.PathLike[str], *, map_location: Any = "cpu") -> Any:
         raise CheckpointError(f"checkpoint {path}: not a weights-only checkpoint, it cannot be read as data "
                               f"({_why_not_data(error)}); nothing in it was run")
     return state
+
+
+def _not_plain(error: BaseException) -> str:
+    """What in an object to save is not plain data, without torch's advice on loading unsafely."""
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+    if found:
+        return f"it holds a {found.group(1)}"
+    first = _first_line(error)
+    return "a value torch cannot read back as data" if "weights_only" in first.lower() or "load" in first.lower() \
+        else first
 
 
 def _why_not_data(error: BaseException) -> str:

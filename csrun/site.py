@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 from csrun.env_settings import Variable, env_name, env_settings, shown_default
 from csrun.errors import ConfigError
+from csrun.yaml_file import read_yaml
 from csrun.typed_config import check_fields, from_mapping, from_text, setting
 
 REPO_SITE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "csrun.yaml"
@@ -74,10 +74,7 @@ def load_site_config(environ: Mapping[str, str] | None = None) -> SiteConfig:
     site = SiteConfig()
     path = site_config_path(env)
     if path is not None:
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        data = read_yaml(path, f"site config {path}") or {}
         site = from_mapping(SiteConfig, data, "", source=str(path))
     overrides: dict[str, Any] = {}
     for f in dataclasses.fields(SiteConfig):

@@ -47,16 +47,19 @@ _NONE = frozenset({"", "none", "null"})
 
 
 def setting(default: Any, doc: str, *, min: int | float | None = None, above: float | None = None,
-            finite: bool = False, pattern: str | None = None, what: str = "", **metadata: Any) -> Any:
+            below: float | None = None, finite: bool = False, pattern: str | None = None, what: str = "",
+            **metadata: Any) -> Any:
     """A config field: its default, its meaning, and optional bounds.
 
     ``min``: the least value a number may take; ``above``: a number it must exceed (``above=0``:
-    positive); ``finite``: infinity is refused (NaN always is). ``pattern``: a regular expression a non-empty
+    positive); ``below``: a number it must stay under (a dropout rate: ``below=1``); ``finite``:
+    infinity is refused (NaN always is). ``pattern``: a regular expression a non-empty
     string must match in full; ``what`` says in words what it stands for (used in the error).
     A list or dict default is copied for every instance. Extra ``metadata`` is kept for the
     field's reader (e.g. the launcher's ``flag``).
     """
-    meta = {"doc": doc, "min": min, "above": above, "finite": finite, "pattern": pattern, "what": what, **metadata}
+    meta = {"doc": doc, "min": min, "above": above, "below": below, "finite": finite, "pattern": pattern,
+            "what": what, **metadata}
     if isinstance(default, (list, dict)):
         fresh: Any = default
         return dataclasses.field(default_factory=lambda: type(fresh)(fresh), metadata=meta)
@@ -237,6 +240,9 @@ def _check_bounds(value: Any, f: dataclasses.Field, path: str, shown: Any) -> No
     above = f.metadata.get("above")
     if above is not None and number and not value > above:
         raise ConfigError(f"{path}: {shown!r} must be greater than {above:g}")
+    below = f.metadata.get("below")
+    if below is not None and number and not value < below:
+        raise ConfigError(f"{path}: {shown!r} must be less than {below:g}")
     if f.metadata.get("finite") and number and math.isinf(value):
         raise ConfigError(f"{path}: {shown!r} must be a finite number")
     pattern = f.metadata.get("pattern")

@@ -14,7 +14,7 @@ import pytest
 from csrun.cli import csrun_cpu, csrun_wse
 from csrun.cli.env_report import build_report
 from csrun.cli.variables import every_variable, misspelt
-from csrun.env_settings import EnvSettings, env_name, env_settings
+from csrun.env_settings import EnvSettings, check_environment, env_name, env_settings
 from csrun.errors import ConfigError
 from csrun.program.execution import EXECUTION_STRATEGIES
 
@@ -157,3 +157,19 @@ def test_the_readme_table_is_the_registry() -> None:
 def test_the_strategies_are_the_knobs_choices() -> None:
     hint = typing.get_type_hints(EnvSettings)["execution_strategy"]
     assert typing.get_args(typing.get_args(hint)[0]) == EXECUTION_STRATEGIES
+
+
+ODD = ["abc", "", "-1", "1e999", "nan", "\x01", " 5 ", "9" * 400]
+
+
+def test_every_knob_with_any_odd_value_is_one_line_or_accepted() -> None:
+    """A fuzz of every CSRUN_ knob: a value is read or refused with a ConfigError naming it, never a traceback."""
+    refused = 0
+    for f in dataclasses.fields(EnvSettings):
+        for value in ODD:
+            try:
+                check_environment({env_name(f.name): value})
+            except ConfigError as exc:
+                assert "\n" not in str(exc) and env_name(f.name) in str(exc), str(exc)
+                refused += 1
+    assert refused >= len(BAD) * 3

@@ -157,6 +157,7 @@ def read_metadata(data_dir: str | Path) -> DatasetMetadata:
     if meta.format not in FORMATS:
         raise DataError(f"{str(path)!r} names format {meta.format!r}; this csrun reads "
                         f"{', '.join(FORMATS)}")
+    check_record(meta, path)
     if sum(s.num_samples for s in meta.shards) != meta.total_samples:
         raise DataError(f"{str(path)!r} is inconsistent: shard sizes do not add up to total_samples "
                         f"{meta.total_samples}")
@@ -166,6 +167,45 @@ def read_metadata(data_dir: str | Path) -> DatasetMetadata:
     return meta
 
 
+MAX_SEQ_LENGTH = 1 << 20
+"""The longest ``max_seq_length`` a record may state (tokens per sample)."""
+MAX_SAMPLES = 1 << 40
+"""The most samples a record may state (per shard, and in all)."""
+
+
+def _count(path: Path, name: str, value: Any, least: int, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise DataError(f"{str(path)!r}: {name} is {value!r}; it must be an integer from {least} to {most}")
+    return value
+
+
+def check_record(meta: DatasetMetadata, path: Path) -> None:
+    """Every number of the record within its bounds, shard names inside the folder, and the fields
+    exactly the format's (names, dtypes, per-sample shapes): :class:`DataError` naming the field
+    and value. Nothing is allocated from the record before this passes."""
+    msl = _count(path, "max_seq_length", meta.max_seq_length, 1, MAX_SEQ_LENGTH)
+    mps = meta.max_predictions_per_seq
+    if mps is not None:
+        _count(path, "max_predictions_per_seq", mps, 0, msl)
+    _count(path, "total_samples", meta.total_samples, 0, MAX_SAMPLES)
+    _count(path, "vocab_size", meta.vocab_size, 1, 2**31 - 1)
+    for i, shard in enumerate(meta.shards):
+        _count(path, f"shards[{i}].num_samples", shard.num_samples, 0, MAX_SAMPLES)
+        file = Path(str(shard.file))
+        if not isinstance(shard.file, str) or file.is_absolute() or ".." in file.parts or len(file.parts) != 1:
+            raise DataError(f"{str(path)!r}: shards[{i}].file is {shard.file!r}; it must be a file name in the "
+                            f"data directory")
+    expected = metadata_fields(meta.format, msl, mps)
+    if not isinstance(meta.fields, dict) or set(meta.fields) != set(expected):
+        names = sorted(meta.fields) if isinstance(meta.fields, dict) else meta.fields
+        raise DataError(f"{str(path)!r}: fields are {names!r}; format {meta.format} has {sorted(expected)}")
+    for name, want in expected.items():
+        got = meta.fields[name]
+        if not isinstance(got, dict) or got.get("dtype") != want["dtype"] or list(got.get("shape", [])) != want["shape"]:
+            raise DataError(f"{str(path)!r}: field {name} is {got!r}; format {meta.format} stores it as "
+                            f"{want['dtype']} of per-sample shape {want['shape']}")
+
+
 def metadata_fields(fmt: str, max_seq_length: int, max_predictions_per_seq: int | None) -> dict[str, dict[str, Any]]:
     """The ``fields`` entry of the record for a format and sizes."""
     return {name: {"dtype": dtype, "shape": list(shape)}
@@ -173,4 +213,5 @@ def metadata_fields(fmt: str, max_seq_length: int, max_predictions_per_seq: int 
 
 
 __all__ = ["METADATA_FILE", "VOCAB_FILE", "SHARD_PATTERN", "SPECIAL_TOKENS", "FORMATS", "field_shapes",
-           "ShardRecord", "DatasetMetadata", "read_metadata", "metadata_fields"]
+           "ShardRecord", "DatasetMetadata", "read_metadata", "metadata_fields", "check_record", "MAX_SEQ_LENGTH",
+           "MAX_SAMPLES"]

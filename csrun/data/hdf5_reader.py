@@ -51,8 +51,41 @@ class ShardReader:
                 handle = h5py.File(path, "r", locking=False)
             except OSError as exc:
                 raise DataError(f"cannot open shard {str(path)!r}: {exc}") from None
+            try:
+                self._check_shard(handle, index)
+            except BaseException:
+                handle.close()
+                raise
             self._handles[index] = handle
         return handle
+
+    def _check_shard(self, handle: Any, index: int) -> None:
+        """Each field of the shard is what the record says (a dataset of ``num_samples`` rows of the
+        field's shape and dtype): :class:`DataError` naming the file, the field and the bad value,
+        before anything is read or allocated from it."""
+        import h5py
+
+        path, rows = self._paths[index], self.metadata.shards[index].num_samples
+        for name, spec in self.metadata.fields.items():
+            link = handle.get(name, getlink=True)
+            if link is None:
+                raise DataError(f"shard {str(path)!r}: no dataset {name!r} (the record lists it)")
+            if not isinstance(link, h5py.HardLink):
+                raise DataError(f"shard {str(path)!r}: field {name!r} is a {type(link).__name__}, not a dataset of "
+                                f"the shard's own (links are not followed)")
+            ds = handle[name]
+            if not isinstance(ds, h5py.Dataset):
+                raise DataError(f"shard {str(path)!r}: {name!r} is a {type(ds).__name__}, not a dataset")
+            if ds.is_virtual or ds.external:
+                raise DataError(f"shard {str(path)!r}: field {name!r} reads other files (virtual or external "
+                                f"storage); a shard holds its own data")
+            want = (rows, *spec["shape"])
+            if tuple(ds.shape) != want:
+                raise DataError(f"shard {str(path)!r}: field {name!r} has shape {tuple(ds.shape)}; the record says "
+                                f"{want}")
+            if ds.dtype != np.dtype(spec["dtype"]):
+                raise DataError(f"shard {str(path)!r}: field {name!r} is {ds.dtype}; the record says "
+                                f"{spec['dtype']}")
 
     def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """The rows at ``indices`` (global sample numbers, any order, no repeats), stacked in that order."""

@@ -11,8 +11,8 @@ written by the runner:
 ``global_step``    optimizer steps taken
 ``data_position``  global batch index of the next batch (``loader.skip`` on resume)
 
-A crash mid-save leaves at most a ``.tmp`` file, which is never counted as a checkpoint; the
-previous checkpoint stays valid. Here: the names, the newest valid one for ``--resume``, and
+A crash mid-save leaves at most a ``.tmp`` file, which is never counted as a checkpoint (the
+next run, holding the model_dir's lock, removes it); the previous checkpoint stays valid. Here: the names, the newest valid one for ``--resume``, and
 pruning to ``keep_checkpoint_max``.
 """
 
@@ -88,7 +88,7 @@ def latest_valid(model_dir: Path) -> Found | None:
             continue
         return Found(path=path, step=step, state=state, skipped=tuple(skipped))
     if skipped:
-        raise CheckpointError("--resume: no valid checkpoint in " + str(model_dir) + ": " + "; ".join(skipped))
+        raise CheckpointError(f"no valid checkpoint in {model_dir} (give --checkpoint_path PATH): " + "; ".join(skipped))
     return None
 
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 
 from csrun.data.config import InputConfig
 from csrun.program.optimizer_config import OptimizerConfig
 from csrun.program.optimizers import OptimizerType
+from csrun.yaml_file import read_yaml as read_yaml_file
 from csrun.typed_config import (
     ConfigError,
     check_fields,
@@ -137,12 +137,7 @@ SECTIONS = ("runconfig", "optimizer", "model", "train_input", "eval_input", "csc
 
 def read_yaml(path: Path, config: str | None = None) -> dict[str, Any]:
     """The mapping in ``path`` (``config``: one top-level key of it)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--params {path}: no such file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = read_yaml_file(path, f"--params {path}")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping of sections ({', '.join(SECTIONS)})")
     if config is not None:

@@ -19,6 +19,8 @@ from csrun.compiler.settings import CompileSettings, settings_from_config
 from csrun.program.errors import DeviceError
 from csrun.errors import EnvironmentFailure, UsageError, UserError, describe_os_error, os_error_in
 from csrun.run import cli_args, loops
+from csrun.files import remove_temporaries
+from csrun.run.model_dir_lock import model_dir_lock
 from csrun.run.checkpoints import CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint
 from csrun.run.logs import flush_console, setup_logging
 from csrun.run.params import InputConfig, ModelConfig, Params
@@ -92,7 +94,10 @@ def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any]
                 log.warning("%s; falling back to an older checkpoint", why)
             return found.state, str(found.path)
         if not rc.checkpoint_path:
-            _say(f"--resume: no checkpoint in {model_dir}; starting from step 0")
+            if rc.resume:  # asked to continue: starting over would train something else without a word
+                raise ConfigError(f"--resume: no valid checkpoint in {model_dir} to continue from; give "
+                                  f"--checkpoint_path PATH, or run without --resume to start at step 0")
+            _say(f"requeued before the first checkpoint: no checkpoint in {model_dir}; starting from step 0")
             return None, ""
     if rc.checkpoint_path:
         return load_checkpoint(Path(rc.checkpoint_path)), rc.checkpoint_path
@@ -102,8 +107,8 @@ def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any]
             for why in found.skipped:
                 log.warning("%s; falling back to an older checkpoint", why)
             return found.state, str(found.path)
-        log.warning("no checkpoint to evaluate in %s (give --checkpoint_path): evaluating freshly initialised weights",
-                    model_dir)
+        raise ConfigError(f"--mode eval: no valid checkpoint in {model_dir} to evaluate; give --checkpoint_path PATH "
+                          f"(or train into this model_dir first): random weights are never scored")
     return None, ""
 
 
@@ -256,6 +261,21 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
     mode = rc.mode
     log.info("csrun: %s path (%s), mode %s, model_dir %s", path.kind, path.reason, mode, model_dir)
     _make_model_dir(model_dir)
+    with model_dir_lock(model_dir):  # one job at a time in a model_dir (csrun.run.model_dir_lock)
+        stale = [*remove_temporaries(model_dir), *remove_temporaries(model_dir / "losses")]
+        for leftover in stale:  # a crash mid-save: nothing later trusts or keeps it
+            log.warning("removed %s, left by a run that stopped while writing it", leftover)
+        return _in_model_dir(params, path, settings, model_dir, preemption, model_fn=model_fn,
+                             train_input_fn=train_input_fn, eval_input_fn=eval_input_fn, eval_metrics=eval_metrics)
+
+
+def _in_model_dir(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Path, preemption: Preemption, *,
+                  model_fn: Callable[[Params], torch.nn.Module], train_input_fn: Callable[[Params], Any] | None,
+                  eval_input_fn: Callable[[Params], Any] | None,
+                  eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> int:
+    """The chief's run, with the model_dir's lock held."""
+    rc = params.runconfig
+    mode = rc.mode
     model = cbtorch.module(model_fn(params))
     if mode == "eval_all":
         _eval_all(params, path, model, model_dir, eval_input_fn, eval_metrics)

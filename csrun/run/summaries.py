@@ -7,7 +7,8 @@
   reports it). Eval scalars at the checkpoint's global step: ``loss`` and every metric of
   ``eval_metrics``.
 * ``model_dir/losses/losses.csv`` (``runconfig.save_losses``): header ``step,loss``, then one
-  row per global step. A resumed run first drops the rows after its starting step, so the
+  row per global step, each in the file as soon as its loss is known (a crash loses at most
+  the step being taken). A resumed run first drops the rows after its starting step, so the
   file always holds one row per step of the training history.
 """
 
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from csrun.files import atomic_write
 
 
 def write_params(folder: Path, mode: str, params: dict[str, Any]) -> Path:
@@ -69,11 +72,11 @@ class LossLog:
                 head = line.split(",", 1)[0]
                 if head.isdigit() and int(head) <= start_step and line.endswith("\n"):
                     kept.append(line)
-        self.path.write_text("".join(kept))
-        self._f = open(self.path, "a", encoding="ascii")
+        atomic_write(self.path, "".join(kept), durable=False)  # a crash here keeps the old rows or the new
+        self._f = open(self.path, "a", encoding="ascii", buffering=1)  # line-buffered: each row reaches the file
 
     def add(self, step: int, loss: float) -> None:
-        """Append one row."""
+        """Append one row (in the file at once: a crash loses at most the step being taken)."""
         self._f.write(f"{step},{loss!r}\n")
 
     def flush(self) -> None:

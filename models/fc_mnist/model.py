@@ -27,12 +27,12 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "ta
 class FcMnistConfig(ModelConfig):
     """``model`` for fc_mnist."""
 
-    depth: int = doc(10, "hidden layers")
-    hidden_size: int = doc(50, "units per hidden layer")
-    dropout: float = doc(0.0, "dropout after every hidden layer")
+    depth: int = doc(10, "hidden layers", min=1)
+    hidden_size: int = doc(50, "units per hidden layer", min=1)
+    dropout: float = doc(0.0, "dropout after every hidden layer", min=0, below=1)
     activation_fn: Literal["relu", "gelu", "tanh", "sigmoid"] = doc("relu", "activation of the hidden layers")
-    input_size: int = doc(64, "pixels per image (8x8 digits: 64; MNIST: 784)")
-    num_classes: int = doc(10, "output classes")
+    input_size: int = doc(64, "pixels per image (8x8 digits: 64; MNIST: 784)", min=1)
+    num_classes: int = doc(10, "output classes", min=2)
     init: Literal["he", "torch"] = doc("he", "weight init: 'he' (Kaiming normal, zero biases: a 10-layer ReLU "
                                              "stack trains with SGD lr 0.001) or 'torch' (nn.Linear's default, "
                                              "which barely trains at depth 10 on the 8x8 digits)")

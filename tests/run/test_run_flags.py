@@ -136,3 +136,25 @@ def test_retention_never_deletes_the_checkpoint_just_written(fc_mnist: Run, tmp_
     assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--max_steps", "40") == 0
     assert checkpoints(md) == ["checkpoint_40.mdl", "checkpoint_40.mdl.sha256", "checkpoint_60.mdl",
                                "checkpoint_60.mdl.sha256"]
+
+
+@pytest.mark.parametrize("mode, extra, says", [
+    ("eval", (), "--mode eval: no valid checkpoint in"),
+    ("train", ("--resume",), "--resume: no valid checkpoint in"),
+])
+def test_nothing_to_load_is_refused_not_scored_or_restarted(fc_mnist: Run, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str], mode: str,
+                                                            extra: tuple[str, ...], says: str) -> None:
+    """Eval without a checkpoint never scores random weights; --resume without one never starts over."""
+    md = tmp_path / "md"
+    md.mkdir()
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", mode, "-o", str(md), "--cpu", *extra) == 2
+    err = capsys.readouterr().err
+    assert says in err and "--checkpoint_path" in err and "Traceback" not in err
+    assert not list(md.iterdir())  # nothing written
+    (md / "checkpoint_40.mdl").write_bytes(b"not a checkpoint")  # present but unusable: still nothing to load
+    assert fc_mnist("-p", str(DEBUG_YAML), "-m", mode, "-o", str(md), "--cpu", *extra) != 0
+    err = capsys.readouterr().err
+    assert "no valid checkpoint in" in err and "checkpoint_40.mdl" in err and "Traceback" not in err
+    assert sorted(p.name for p in md.iterdir()) == ["checkpoint_40.mdl"]  # nothing written, nothing removed
+

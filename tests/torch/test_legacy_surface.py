@@ -91,9 +91,17 @@ def test_save_and_load_are_weights_only(tmp_path: Path) -> None:
     cbtorch.save(state, path)
     got = cbtorch.load(path)
     assert torch.equal(got["model"]["w"], state["model"]["w"]) and got["global_step"] == 3
-    with pytest.raises(cbtorch.CheckpointFileError, match="not plain data"):
-        cbtorch.save({"model": torch.nn.Linear(2, 2)}, tmp_path / "module.mdl")
+    for bad in (torch.nn.Linear(2, 2), object(), lambda: 0):
+        with pytest.raises(cbtorch.CheckpointFileError, match="not plain data") as exc:
+            cbtorch.save({"model": bad}, tmp_path / "module.mdl")
+        assert_no_unsafe_advice(str(exc.value))
     assert not (tmp_path / "module.mdl").exists()
+
+
+def assert_no_unsafe_advice(message: str) -> None:
+    """No message tells the user how to load a file as code (torch's own error does)."""
+    for advice in ("weights_only=False", "can still be loaded", "trust the source", "safe_globals"):
+        assert advice not in message, message
 
 
 def test_load_refuses_a_pickle_payload_without_running_it(tmp_path: Path) -> None:
@@ -105,9 +113,10 @@ def test_load_refuses_a_pickle_payload_without_running_it(tmp_path: Path) -> Non
 
     path = tmp_path / "evil.mdl"
     torch.save({"model": Evil()}, path)
-    with pytest.raises(cbtorch.CheckpointFileError, match=r"not a weights-only checkpoint.*nothing in it was run"):
+    with pytest.raises(cbtorch.CheckpointFileError, match=r"not a weights-only checkpoint.*nothing in it was run") as exc:
         cbtorch.load(path)
     assert not marker.exists()
+    assert_no_unsafe_advice(str(exc.value))
 
 
 def losses(out: str) -> list[float]:
