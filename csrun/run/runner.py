@@ -265,41 +265,30 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
         stale = [*remove_temporaries(model_dir), *remove_temporaries(model_dir / "losses")]
         for leftover in stale:  # a crash mid-save: nothing later trusts or keeps it
             log.warning("removed %s, left by a run that stopped while writing it", leftover)
-        return _in_model_dir(params, path, settings, model_dir, preemption, model_fn=model_fn,
-                             train_input_fn=train_input_fn, eval_input_fn=eval_input_fn, eval_metrics=eval_metrics)
-
-
-def _in_model_dir(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Path, preemption: Preemption, *,
-                  model_fn: Callable[[Params], torch.nn.Module], train_input_fn: Callable[[Params], Any] | None,
-                  eval_input_fn: Callable[[Params], Any] | None,
-                  eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> int:
-    """The chief's run, with the model_dir's lock held."""
-    rc = params.runconfig
-    mode = rc.mode
-    model = cbtorch.module(model_fn(params))
-    if mode == "eval_all":
-        _eval_all(params, path, model, model_dir, eval_input_fn, eval_metrics)
+        model = cbtorch.module(model_fn(params))
+        if mode == "eval_all":
+            _eval_all(params, path, model, model_dir, eval_input_fn, eval_metrics)
+            return 0
+        optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
+        state, where = _checkpoint_to_load(params, model_dir)
+        start = 0
+        resumed: tuple[int, ...] = ()  # the step of the checkpoint loaded: retention never deletes it
+        if state is not None:
+            pretrained = rc.is_pretrained_checkpoint and where == rc.checkpoint_path
+            if pretrained:
+                cbtorch.set_state(state, strict=False, load_optimizer=False)
+                _say(f"Loaded pretrained weights from {where} (step 0, optimizer state not loaded)")
+            else:
+                cbtorch.set_state(state, strict=True, load_optimizer=optimizer is not None)
+                start = int(state.get("global_step", 0))
+                resumed = (start,)
+                _say(f"Loaded checkpoint {where} at global step {start}")
+        if mode in ("train", "train_and_eval"):
+            start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn, preemption,
+                           keep_steps=resumed)
+        if mode in ("eval", "train_and_eval"):
+            _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics)
         return 0
-    optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
-    state, where = _checkpoint_to_load(params, model_dir)
-    start = 0
-    resumed: tuple[int, ...] = ()  # the step of the checkpoint loaded: retention never deletes it
-    if state is not None:
-        pretrained = rc.is_pretrained_checkpoint and where == rc.checkpoint_path
-        if pretrained:
-            cbtorch.set_state(state, strict=False, load_optimizer=False)
-            _say(f"Loaded pretrained weights from {where} (step 0, optimizer state not loaded)")
-        else:
-            cbtorch.set_state(state, strict=True, load_optimizer=optimizer is not None)
-            start = int(state.get("global_step", 0))
-            resumed = (start,)
-            _say(f"Loaded checkpoint {where} at global step {start}")
-    if mode in ("train", "train_and_eval"):
-        start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn, preemption,
-                       keep_steps=resumed)
-    if mode in ("eval", "train_and_eval"):
-        _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics)
-    return 0
 
 
 def _make_model_dir(model_dir: Path) -> None:
