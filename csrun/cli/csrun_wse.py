@@ -111,6 +111,7 @@ from csrun.launch.layout import resolve_tasks_and_cpus, wse_layout
 from csrun.launch.options import SBATCH_LOG_DIR, SITE_QUERIES, WseOptions, help_text, parse_args
 from csrun.launch.slurm_probe import node_cpus, probe_slurm
 from csrun.launch.srun import mpiexec_argv, wse_srun_argv
+from csrun.launch.reaper import reap
 from csrun.launch.supervisor import make_state_dir, supervise, task_command
 from csrun.launch.task_log import task_log_environment
 from csrun.site import load_site_config
@@ -192,6 +193,7 @@ def _body(argv: list[str]) -> int:
     if opts.dry_run:
         return 0
     try:
+        reap()  # what a killed launcher left here (csrun.launch.reaper)
         return supervise(line, env, make_state_dir(shared=use_slurm), PROG)
     except FileNotFoundError:
         raise LaunchError(f"command not found: {line[0]!r}") from None

@@ -20,7 +20,8 @@ csrun_wse (local ``mpiexec`` and Slurm ``srun`` alike) runs its step through :fu
 
 The state folder is made in the working directory (``.csrun_job.<random>``, which Slurm
 nodes usually share with the submitting one) under Slurm, in the temporary folder otherwise,
-and removed at the end. Where the working directory is not shared, exit reports from other
+and removed at the end; its ``owner`` file names the launcher, so that after a ``kill -9`` of
+the launcher the next launch removes it and the job's other leftovers (:mod:`csrun.launch.reaper`). Where the working directory is not shared, exit reports from other
 nodes do not arrive: the job then ends by srun's own means, with srun's exit code. Other
 nodes' ``/dev/shm`` is left to Slurm's epilog.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,8 @@ KILL_AFTER_S = 3.0
 POLL_S = 0.1
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 SHM = Path("/dev/shm")
+OWNER = "owner"
+"""The file in a state folder naming its launcher, ``<pid> <host>`` (:mod:`csrun.launch.reaper` reads it)."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,15 @@ def task_command(command: Sequence[str]) -> list[str]:
 
 def make_state_dir(shared: bool) -> str:
     """A fresh state folder: in the working directory when the tasks may run on other nodes."""
+    folder = None
     if shared:
         try:
-            return tempfile.mkdtemp(prefix=".csrun_job.", dir=os.getcwd())
+            folder = tempfile.mkdtemp(prefix=".csrun_job.", dir=os.getcwd())
         except OSError:
             pass
-    return tempfile.mkdtemp(prefix="csrun_job.")
+    folder = folder or tempfile.mkdtemp(prefix="csrun_job.")
+    (Path(folder) / OWNER).write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    return folder
 
 
 def read_exits(state_dir: str) -> list[TaskExit]:
@@ -94,7 +101,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _mapped_files() -> set[str]:
+def mapped_files() -> set[str]:
     """Every file some process on this node has mapped (from /proc/*/maps)."""
     mapped: set[str] = set()
     for proc in Path("/proc").iterdir():
@@ -118,7 +125,7 @@ def clean_shm(since: float, before: set[str]) -> list[str]:
         return []
     if not candidates:
         return []
-    mapped = _mapped_files()
+    mapped = mapped_files()
     removed = []
     for path in candidates:
         try:
