@@ -1,16 +1,19 @@
-"""``run.py ... --compile_only --shapes_only``: compile GPT on torch's meta device, in seconds.
+"""``run.py ... --compile_only`` (or ``--validate_only``): compile GPT on torch's meta device, in seconds.
 
 GPT-3 XL has 1.3B parameters (5 GB of float32 weights, 16 GB more of AdamW state and gradients)
 and a batch of 256 x 2048 tokens: building it for real, and running the step once on a CPU to
 learn its shapes, does not fit this kind of machine in memory or time. A compile needs only
-shapes and dtypes, so with ``--shapes_only`` run.py builds the model under
+shapes and dtypes, so with ``--compile_only`` or ``--validate_only`` on the command line (or the
+explicit ``--shapes_only``) run.py builds the model under
 ``torch.device("meta")`` (parameters without storage) and one batch of meta tensors of the
 ``train_input`` (or ``eval_input``) shapes (int32 ``input_ids`` / ``labels`` /
 ``attention_mask``, ``[batch_size, max_sequence_length]``), then calls
 :func:`csrun.compiler.compile_only` (or ``validate_only``) directly: ``torch.export`` traces
 meta tensors as it traces fake ones, and the checks, the placement in the run's execution
 strategy and the compile directory are those of a normal compile (``program.pt2`` keeps
-shape-only weight placeholders either way). No data is read.
+shape-only weight placeholders either way). No data is read, and no weight is allocated: GPT-3
+XL's compile stays small (BENCHMARKS.md). Under ``csrun_wse`` only the chief compiles; a
+streamer, with nothing to stream, exits 0.
 
 Every run.py flag and params key applies as usual (``--execution_strategy``,
 ``CSRUN_EXECUTION_STRATEGY`` from ``python-ws``, ``-o``, ``--compile_dir``); ``--shapes_only``
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from csrun.cluster import cluster_info
 from csrun.compiler import compile_only, exit_code, validate_only
 from csrun.errors import UserError
 from csrun.run import cli_args
@@ -50,9 +54,13 @@ def extra_args() -> argparse.ArgumentParser:
     return p
 
 
+COMPILE_FLAGS = ("--compile_only", "--validate_only")
+"""A compile needs shapes, not weights: these flags take the shapes-only path by themselves."""
+
+
 def wanted(argv: list[str]) -> bool:
-    """True when the command line asks for a shapes-only compile."""
-    return FLAG in argv
+    """True when the command line asks for a compile (``--shapes_only``, ``--compile_only``, ``--validate_only``)."""
+    return FLAG in argv or any(a in COMPILE_FLAGS for a in argv)
 
 
 def meta_batch(section: Any) -> dict[str, torch.Tensor]:
@@ -64,6 +72,8 @@ def meta_batch(section: Any) -> dict[str, torch.Tensor]:
 def compile_shapes_only(argv: list[str], *, model_fn: Any, model_config: type, input_config: type,
                         prog: str = "run.py") -> int:
     """Parse run.py's ``argv`` and compile (or validate) on meta tensors; the exit status (module docstring)."""
+    if not cluster_info().is_chief:
+        return 0  # a streamer of a compile-only job: nothing to stream
     try:
         args = cli_args.parse_args(argv, prog=prog, parents=[extra_args()])
     except SystemExit as exc:

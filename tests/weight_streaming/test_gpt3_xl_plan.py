@@ -65,3 +65,23 @@ def test_each_strategy_compiles_to_its_own_directory(gpt: Callable[..., int], tm
     assert gpt(*base, "--execution_strategy", "weight_streaming") == 0
     modes = sorted(json.loads((d / "plan.json").read_text())["execution_strategy"] for d in tmp_path.glob("cs_*"))
     assert modes == ["pipeline", "weight_streaming"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("flag", ["--compile_only", "--validate_only"])
+def test_a_gpt3_xl_compile_without_shapes_only_allocates_no_weights(tmp_path: Path, flag: str) -> None:
+    """A compile needs shapes, not weights: without --shapes_only the command stays far below the
+    23 GB it grew to (an OOM kill on a 24 GB machine); peak RSS of the run's process, not a timing."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    run_py = [sys.executable, str(root / "models" / "gpt2" / "run.py"), "-m", "train", "-p", str(GPT3_XL), flag,
+              "-o", str(tmp_path)]
+    measure = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
+               "print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")  # this run's own child only
+    done = subprocess.run([sys.executable, "-c", measure, *run_py], capture_output=True, text=True, timeout=170,
+                          cwd=tmp_path)
+    rc, peak_kib = map(int, done.stdout.split()[-2:])
+    assert rc == 0, done.stderr[-2000:]
+    assert peak_kib < 2 * 1024 * 1024  # under 2 GiB
