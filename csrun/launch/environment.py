@@ -26,6 +26,10 @@ in :data:`csrun.env_settings.CONTRACT`):
     ``python -m mpi4py`` waits for the others before its MPI_Abort ends the job.
     Tasks on one node talk through MPICH's shared memory either way. On an InfiniBand or
     Slingshot cluster set ``FI_PROVIDER`` (``verbs``, ``cxi``) yourself.
+``FI_TCP_IFACE``
+    ``lo`` for local (mpiexec) launches, with ``ofi`` / ``tcp`` as above: every task runs on this
+    machine, so none listens on its network interfaces (the default netmod listened on the
+    external one). mpiexec's own control port is hydra's and still listens on all interfaces.
 
 ``CS_IP`` passes through untouched.
 """
@@ -58,9 +62,11 @@ def task_environment(
     env = dict(os.environ if base is None else base)
     mounts = tuple(dict.fromkeys(site.mount_dirs + extra_mounts))
     env.update(site_environment(dataclasses.replace(site, mount_dirs=mounts)))
-    if mode == "slurm" and not any(name in env for name in NETMOD_VARIABLES):
+    if mode in ("slurm", "local") and not any(name in env for name in NETMOD_VARIABLES):
         env["MPIR_CVAR_CH4_NETMOD"] = "ofi"
         env.setdefault("FI_PROVIDER", "tcp")
+        if mode == "local":  # every task on this machine: they listen on loopback only, not on its network
+            env.setdefault("FI_TCP_IFACE", "lo")
     env.update({LAUNCHER.name: launcher, LAUNCH_MODE.name: mode, TOTAL_TASKS.name: str(total_tasks),
                 TOTAL_NODES.name: str(total_nodes)})
     return env

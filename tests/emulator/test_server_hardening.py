@@ -282,6 +282,17 @@ def test_wrong_token_is_refused_and_the_server_goes_on(program: tuple, caplog: p
     assert any("authentication failed" in r.getMessage() for r in caplog.records)
 
 
+def test_a_flood_of_wrong_tokens_writes_a_bounded_log(caplog: pytest.LogCaptureFixture) -> None:
+    """30 wrong-token guesses in a burst: the first few are logged, the rest counted, not written."""
+    caplog.set_level(logging.WARNING, logger="csrun.emulator.remote.server")
+    with serve() as srv:
+        for i in range(30):
+            with pytest.raises(AuthenticationFailed):
+                RemoteDevice(addr(srv), "not-the-token-but-long-enough", f"guess{i}", connect_timeout=5)
+    lines = [r.getMessage() for r in caplog.records if "authentication failed" in r.getMessage()]
+    assert len(lines) == srv.warnings.burst  # then at most one per every_s seconds (the flood took less)
+
+
 @contextlib.contextmanager
 def fake_server(answer: Any) -> Iterator[tuple[str, list[dict]]]:
     """A listener that speaks the hello as ``answer(conn, heard)`` says; yields its address and what it heard."""

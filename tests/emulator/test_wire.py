@@ -52,6 +52,8 @@ def _body(text: bytes) -> bytes:
     (wire.MAGIC + struct.pack(">I", 4) + b"null", "not a JSON object"),
     (wire.MAGIC + _body(b'{"tensors":[{"dtype":"float32","shape":[99999999]}]}'), "over the limit"),
     (wire.MAGIC + _body(b'{"tensors":[{"dtype":"object","shape":[]}]}'), "malformed"),
+    (wire.MAGIC + _body(b'{"tensors":[{"dtype":["float32"],"shape":[]}]}'), "malformed"),  # unhashable: no TypeError
+    (wire.MAGIC + _body(b'{"tensors":[{"dtype":{"a":1},"shape":[1]}]}'), "malformed"),
     (wire.MAGIC + _body(b'{"tensors":[{"dtype":"uint8","shape":[-1]}]}'), "bad tensor shape"),
     (wire.MAGIC + _body(b'{"op":"load","tensors":[]}'), "exactly one buffer"),
 ])

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from csrun.launch.environment import task_environment
 from csrun.site import SiteConfig, load_site_config
+from tests.conftest import BIN
 
 
 def test_contract_variables_and_mount_dirs_merge() -> None:
@@ -12,7 +17,8 @@ def test_contract_variables_and_mount_dirs_merge() -> None:
     assert (env["CSRUN_LAUNCHER"], env["CSRUN_LAUNCH_MODE"], env["CSRUN_TOTAL_TASKS"], env["CSRUN_TOTAL_NODES"]) == ("csrun_wse", "local", "6", "3")
     assert env["CSRUN_MOUNT_DIRS"] == "/data,/scratch" and env["CS_IP"] == "h:9000" and env["PATH"] == "/bin"
     assert load_site_config({**env, "CSRUN_SITE_CONFIG": ""}).mount_dirs == ("/data", "/scratch")
-    assert "MPIR_CVAR_CH4_NETMOD" not in env and "FI_PROVIDER" not in env
+    # local: every task on this machine, listening on loopback only
+    assert (env["MPIR_CVAR_CH4_NETMOD"], env["FI_PROVIDER"], env["FI_TCP_IFACE"]) == ("ofi", "tcp", "lo")
 
 
 def slurm_launch_env(base: dict[str, str]) -> dict[str, str]:
@@ -28,3 +34,42 @@ def test_slurm_launches_use_ofi_tcp_unless_the_user_chose_a_netmod() -> None:
     assert (env["MPIR_CVAR_CH4_NETMOD"], env["UCX_TLS"]) == ("ucx", "rc,self") and "FI_PROVIDER" not in env
     env = slurm_launch_env({"MPICH_CH4_NETMOD": "ucx"})
     assert "MPIR_CVAR_CH4_NETMOD" not in env and "FI_PROVIDER" not in env
+
+
+LISTENING = r"""
+import os, socket, struct, sys
+
+def listening():
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        cols = line.split()
+        if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+            ip = socket.inet_ntoa(struct.pack("<I", int(cols[1].split(":")[0], 16)))
+            found.add(f"{ip}:{int(cols[1].split(':')[1], 16)}")
+    return found
+
+before = listening()  # inherited from mpiexec's proxy (its control port)
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()
+os.write(1, ("MPI-LISTENS " + " ".join(sorted(listening() - before)) + chr(10)).encode())  # one write
+MPI.COMM_WORLD.Barrier()
+"""
+
+
+def test_a_local_job_listens_on_loopback_only(no_slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """What MPI opens in a local job's tasks is bound to 127.0.0.1, not to the machine's network."""
+    done = subprocess.run([str(BIN / "csrun_wse"), "--total-nodes", "3", sys.executable, "-c", LISTENING],
+                          env=no_slurm_env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("MPI-LISTENS")]
+    assert len(lines) == 3
+    addresses = [a for line in lines for a in line]
+    assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), addresses

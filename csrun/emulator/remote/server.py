@@ -48,6 +48,7 @@ import ssl
 import threading
 import time
 
+from csrun.emulator.remote.log_limit import LimitedWarnings
 from csrun.emulator.remote import handshake, server_warmup, wire
 from csrun.emulator.remote.errors import ProtocolError
 from csrun.emulator.remote.guard import Guard, GuardLimits, Pending, cut
@@ -98,6 +99,8 @@ class EmulatorServer:
         self._refusers = threading.Semaphore(MAX_REFUSALS)
         self._refused = 0
         self._refused_logged = 0.0
+        self.warnings = LimitedWarnings(log)
+        """Warnings about clients (wrong tokens, bad frames), rate-limited per kind."""
         self._threads: list[threading.Thread] = []
         self._sock = socket.create_server((host, port), reuse_port=False)
         self._sock.settimeout(0.2)
@@ -213,8 +216,8 @@ class EmulatorServer:
             raise ProtocolError("the first frame must be hello")
         version = header.get("version")
         if version != PROTOCOL_VERSION:
-            log.warning("%s: refused a client speaking wire protocol %r (this server speaks %d)",
-                        peer, version, PROTOCOL_VERSION)
+            self.warnings.warning("version", "%s: refused a client speaking wire protocol %r (this server speaks %d)",
+                                  peer, version, PROTOCOL_VERSION)
             wire.send_frame(conn, handshake.refusal(
                 "version", f"this cs_emulator speaks wire protocol {PROTOCOL_VERSION}, the client {version!r}: "
                            "use the same csrun version on both sides"))
@@ -223,7 +226,7 @@ class EmulatorServer:
         client_nonce = handshake.check_nonce(header.get("nonce"), "client")
         expected = handshake.proof(self._token, "client", server_nonce, client_nonce, job_id)
         if not handshake.proof_matches(expected, header.get("proof")):
-            log.warning("%s: authentication failed (wrong token) for job %r", peer, job_id)
+            self.warnings.warning("auth", "%s: authentication failed (wrong token) for job %r", peer, job_id)
             wire.send_frame(conn, handshake.refusal(
                 "auth", "authentication failed: the token does not match this system's"))
             return None
@@ -271,7 +274,7 @@ class EmulatorServer:
         except (ProtocolError, EOFError, OSError, TimeoutError, ValueError) as exc:
             reason = entry.reason or (f"TLS handshake failed ({exc})" if isinstance(exc, ssl.SSLError)
                                       else exc or type(exc).__name__)
-            log.warning("%s: closing the connection: %s", peer, reason)
+            self.warnings.warning("closing", "%s: closing the connection: %s", peer, reason)
         except Exception:  # noqa: BLE001 - never take the server down
             log.exception("%s: closing the connection after an internal error", peer)
         finally:

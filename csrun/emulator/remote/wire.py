@@ -168,7 +168,8 @@ def recv_frame(sock: Link, limits: Limits, *, max_tensor_bytes: int | None = Non
     plan: list[tuple[torch.dtype, tuple[int, ...], int]] = []
     total = 0
     for m in metas:
-        if not isinstance(m, dict) or m.get("dtype") not in DTYPES or not isinstance(m.get("shape"), list):
+        if not isinstance(m, dict) or not isinstance(m.get("dtype"), str) or m["dtype"] not in DTYPES \
+                or not isinstance(m.get("shape"), list):
             raise ProtocolError("malformed tensor description in header")
         shape = m["shape"]
         if len(shape) > limits.max_dims or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape):
