@@ -134,6 +134,9 @@ from csrun.torch.sharding import DataLoaderError
 from csrun.torch.process_state import initialize
 from csrun.torch.process_state import state as _state
 from csrun.torch.stack_state import state
+from csrun.torch.user_errors import install as _install_user_error_hook
+
+_install_user_error_hook()  # a UserError ending a script is one line (csrun.torch.user_errors)
 
 
 def module(model: torch.nn.Module, device: Any = None) -> torch.nn.Module:
