@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "csrun"
 
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("typed_config", "address", "help_style", "files", "module_alias", "yaml_file"),
+    ("typed_config", "address", "help_style", "files", "module_alias", "yaml_file", "consoles"),
     ("env_settings",),
     ("cluster", "site", "program", "data", "mdl", "appliance"),
     ("stream", "compiler", "launch"),

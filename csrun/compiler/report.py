@@ -7,6 +7,7 @@ from rich.table import Table
 
 from csrun.compiler.placement import Plan
 from csrun.compiler.result import CompileResult
+from csrun.consoles import console as log_console
 
 MSG_COMPILING = "Compiling the model. This may take a few minutes."
 MSG_TRAIN_OK = "Compile for training completed successfully!"
@@ -112,7 +113,7 @@ def report_text(result: CompileResult) -> str:
 
 def print_result(result: CompileResult, console: Console | None = None) -> None:
     """Print the outcome as users knew it: table, summary, then the legacy success/failure line."""
-    console = console or Console()
+    console = console or log_console()
     if result.plan is not None:
         console.print(plan_table(result.plan))
         for line in summary_lines(result.plan):

@@ -53,7 +53,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping, NoReturn
 
 import torch
 import torch.utils._pytree as pytree
-from rich.console import Console
+from csrun.consoles import console as log_console
 from torch.utils.data import DataLoader
 
 from csrun.compiler.flow import CompileResult, compile_only, exit_code, load_program, settings_with_optimizer
@@ -583,7 +583,7 @@ class DeviceDriver:
             raise DeviceUsageError("wrap the model with cbtorch.module(model) before calling it")
         optimizer = self.optimizer if mode == "train" else None
         loader = self.session_loader
-        console = Console(highlight=False, soft_wrap=True)
+        console = log_console(highlight=False, soft_wrap=True)
         with self.view.internal(), self._user_objects(recording):
             if validate:
                 result = validate_step(self.model, batch, settings=self.settings_for(mode), optimizer=optimizer,

@@ -159,11 +159,9 @@ def report_table(stats: StreamStats) -> Any:
 
 def print_report(stats: StreamStats, console: Any = None) -> None:
     """Print the table and the input-bound verdict (to stderr unless a rich console is given)."""
-    from rich.console import Console
+    from csrun.consoles import console as log_console
 
     if console is None:
-        console = Console(stderr=True)
-        if not console.is_terminal:  # a log file: do not fold the table at 80 columns
-            console.width = 120
+        console = log_console(stderr=True)  # off a terminal: not folded at 80 columns
     console.print(report_table(stats))
     console.print(stats.advice())

@@ -28,10 +28,10 @@ import sys
 from typing import Any
 
 import torch
-from rich.console import Console
 
 from csrun.cluster import cluster_info
 from csrun.compiler import compile_only, exit_code, validate_only
+from csrun.consoles import console as log_console
 from csrun.errors import UserError
 from csrun.run import cli_args
 from csrun.run.runner import compile_settings
@@ -90,7 +90,7 @@ def compile_shapes_only(argv: list[str], *, model_fn: Any, model_config: type, i
         with torch.device("meta"):
             model = model_fn(params)
         model.train(mode != "eval")
-        console = Console(highlight=False)
+        console = log_console(highlight=False)
         if rc.validate_only:
             result = validate_only(model, meta_batch(section), settings=settings, console=console)
         else:
