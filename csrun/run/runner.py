@@ -109,6 +109,11 @@ def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any]
             return found.state, str(found.path)
         raise ConfigError(f"--mode eval: no valid checkpoint in {model_dir} to evaluate; give --checkpoint_path PATH "
                           f"(or train into this model_dir first): random weights are never scored")
+    earlier = list_checkpoints(model_dir) if rc.mode in ("train", "train_and_eval") else []
+    if earlier:  # starting at step 0 beside them would mix two runs' checkpoints, losses and summaries
+        raise ConfigError(f"model_dir {model_dir} holds an earlier run's checkpoints (up to "
+                          f"{earlier[0][1].name}): continue it with --resume, or train into another "
+                          f"-o/--model_dir (nothing was changed)")
     return None, ""
 
 

@@ -127,15 +127,22 @@ def test_log_lines_name_the_task(fc_mnist: Run, tmp_path: Path, capsys: pytest.C
     assert lines and all(line.startswith("INFO [chief 0 @ ") for line in lines), lines
 
 
-def test_retention_never_deletes_the_checkpoint_just_written(fc_mnist: Run, tmp_path: Path) -> None:
-    """A fresh run into a model_dir that holds newer checkpoints keeps its own newest one."""
+def test_a_fresh_run_into_a_used_model_dir_is_refused(fc_mnist: Run, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Starting at step 0 beside an earlier run's checkpoints would mix the two runs: refused, naming --resume."""
     md = tmp_path / "md"
     params = write_yaml(tmp_path / "p.yaml", max_steps=60, checkpoint_steps=20, keep_checkpoint_max=1)
     assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu") == 0
-    assert checkpoints(md) == ["checkpoint_60.mdl", "checkpoint_60.mdl.sha256"]
-    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--max_steps", "40") == 0
-    assert checkpoints(md) == ["checkpoint_40.mdl", "checkpoint_40.mdl.sha256", "checkpoint_60.mdl",
-                               "checkpoint_60.mdl.sha256"]
+    before = {p.name: p.read_bytes() for p in md.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--max_steps", "40") == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier run's checkpoints (up to checkpoint_60.mdl)" in err and "--resume" in err
+    assert "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in md.rglob("*") if p.is_file()} == before
+    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--resume", "--max_steps", "80") == 0
+    assert checkpoints(md) == ["checkpoint_60.mdl", "checkpoint_60.mdl.sha256", "checkpoint_80.mdl",
+                               "checkpoint_80.mdl.sha256"]  # 60: the resume's start, kept
 
 
 @pytest.mark.parametrize("mode, extra, says", [
