@@ -116,6 +116,23 @@ def mapped_files() -> set[str]:
     return mapped
 
 
+def remove_unmapped(paths: list[Path]) -> list[Path]:
+    """Delete those of ``paths`` (shared-memory files) that no process on this node maps; returns them."""
+    if not paths:
+        return []
+    mapped = mapped_files()
+    removed = []
+    for path in paths:
+        if str(path) in mapped:
+            continue
+        try:
+            path.unlink()
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
 def clean_shm(since: float, before: set[str]) -> list[str]:
     """Remove this job's orphaned MPICH segments: ``/dev/shm/mpich_shm_*`` of this user, new since
     ``since`` (not in ``before``), and mapped by no process. Returns the names removed."""
@@ -123,20 +140,15 @@ def clean_shm(since: float, before: set[str]) -> list[str]:
         candidates = [p for p in SHM.glob("mpich_shm_*") if p.name not in before]
     except OSError:
         return []
-    if not candidates:
-        return []
-    mapped = mapped_files()
-    removed = []
+    mine = []
     for path in candidates:
         try:
             st = path.stat()
-            if st.st_uid != os.getuid() or st.st_mtime < since - 1 or str(path) in mapped:
-                continue
-            path.unlink()
-            removed.append(path.name)
         except OSError:
             continue
-    return removed
+        if st.st_uid == os.getuid() and st.st_mtime >= since - 1:
+            mine.append(path)
+    return [p.name for p in remove_unmapped(mine)]
 
 
 def _log_hint(env: dict[str, str], rank: int) -> str:

@@ -33,7 +33,7 @@ from typing import Any, Iterator, NoReturn
 import torch
 
 from csrun.errors import UserError
-from csrun.stream.message import pack
+from csrun.stream.assignment import AssignmentError, encode
 from csrun.torch.process_state import state, stream_and_exit
 from csrun.torch.roles import assign, enable, wait_for_role, waiting
 
@@ -76,15 +76,21 @@ def on_import() -> None:
     raise InputWorkerError(f"the chief assigned the unknown role {role!r}")
 
 
+def _resolve(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` names (importing ``module``)."""
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
 def _named(fn: Any) -> tuple[str, str] | None:
     """``(module, qualname)`` when a streamer can import ``fn`` by name, else None."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not module or not qualname or module == "__main__" or "<" in qualname:
         return None
     try:
-        found = importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
+        found = _resolve(module, qualname)
     except Exception:  # noqa: BLE001 - not nameable: the streamers run the script instead
         return None
     return (module, qualname) if found is fn else None
@@ -100,7 +106,7 @@ def assign_input(input_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], m
 
     name = _named(input_fn)
     backend = current_backend()
-    document: dict[str, Any] = {"role": "script"}
+    payload = encode({"role": "script"})
     if name is not None and backend is not None:
         settings = training_settings()
         options = backend.options
@@ -109,16 +115,14 @@ def assign_input(input_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], m
             "mode": mode, "sys_path": [p for p in sys.path if isinstance(p, str)],
             "rng_state": torch.get_rng_state() if rng_state is None else rng_state,
             "backend": {"backend_type": options.backend_type.value, "cs_ip": options.cs_ip,
-                        "compile_only": options.compile_only, "validate_only": options.validate_only,
-                        "mixed_precision": options.mixed_precision},
+                        "compile_only": options.compile_only, "validate_only": options.validate_only},
             "half_dtype": settings.half_dtype, "mixed_precision": settings.mixed_precision,
         }
         try:
-            pack(candidate)
-            document = candidate
-        except (TypeError, ValueError):
-            pass  # arguments that are not plain data: the streamers run the script
-    assign(document)
+            payload = encode(candidate)  # packed once: what is checked is what is sent
+        except (TypeError, ValueError, AssignmentError):
+            pass  # arguments that are not plain data (or too big): the streamers run the script
+    assign(payload)
 
 
 def serve(document: dict[str, Any]) -> NoReturn:
@@ -132,12 +136,10 @@ def serve(document: dict[str, Any]) -> NoReturn:
     update_settings(half_dtype=document["half_dtype"], mixed_precision=bool(document["mixed_precision"]))
     options = document["backend"]
     backend(options["backend_type"], cs_ip=options["cs_ip"], compile_only=bool(options["compile_only"]),
-            validate_only=bool(options["validate_only"]), mixed_precision=options["mixed_precision"])
+            validate_only=bool(options["validate_only"]))  # the half type and switch: the settings above
     module, qualname = str(document["module"]), str(document["qualname"])
     try:
-        fn: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            fn = getattr(fn, part)
+        fn = _resolve(module, qualname)
     except (ImportError, AttributeError) as exc:
         raise InputWorkerError(f"the chief's input function {module}.{qualname} does not import on this "
                                f"streamer ({exc}): every task must see the same files") from None

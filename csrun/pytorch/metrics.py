@@ -27,6 +27,8 @@ import torch
 
 from csrun.driver import taps
 from csrun.errors import UserError
+from csrun.pytorch.utils.data import current_executor
+from csrun.torch import add_step_closure
 
 
 class MetricError(UserError):
@@ -68,9 +70,6 @@ class Metric:
         raise NotImplementedError
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        from csrun.pytorch.utils.data import current_executor
-        from csrun.torch import add_step_closure
-
         if current_executor() is None:
             self.update(*args, **kwargs)
         elif not taps.tap(self.update, args, kwargs, queue=add_step_closure):  # not inside a device model call

@@ -30,13 +30,19 @@ class AssignmentError(UserError):
     """The chief's assignment could not be read or was too large."""
 
 
-def send_assignment(comm: Any, ranks: list[int], document: dict[str, Any]) -> None:
-    """Send ``document`` to every streamer in ``ranks`` (from the chief)."""
-    MPI = mpi()
+def encode(document: dict[str, Any]) -> bytes:
+    """``document`` as sent (``TypeError`` / ``ValueError`` for a value that is not plain data;
+    :class:`AssignmentError` over :data:`MAX_ASSIGNMENT`)."""
     payload = pack(document)
     if len(payload) > MAX_ASSIGNMENT:
         raise AssignmentError(f"the input function's arguments pack to {len(payload)} bytes, over the "
                               f"{MAX_ASSIGNMENT} a streamer accepts: pass configuration, not data")
+    return payload
+
+
+def send_assignment(comm: Any, ranks: list[int], payload: bytes) -> None:
+    """Send an :func:`encode`-d assignment to every streamer in ``ranks`` (from the chief)."""
+    MPI = mpi()
     size = np.array([len(payload)], dtype=np.int64)
     for rank in ranks:
         comm.Send([size, MPI.INT64_T], dest=rank, tag=TAG_ASSIGN)
@@ -76,4 +82,4 @@ def wait_assignment(comm: Any, chief: int = 0) -> dict[str, Any] | None:
     return document
 
 
-__all__ = ["TAG_ASSIGN", "MAX_ASSIGNMENT", "AssignmentError", "send_assignment", "wait_assignment"]
+__all__ = ["TAG_ASSIGN", "MAX_ASSIGNMENT", "AssignmentError", "encode", "send_assignment", "wait_assignment"]

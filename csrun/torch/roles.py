@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from csrun.stream.assignment import send_assignment, wait_assignment
+from csrun.stream.assignment import encode, send_assignment, wait_assignment
 from csrun.torch.process_state import comm, state
 
 _enabled = False
@@ -41,18 +41,18 @@ def waiting() -> bool:
     return _enabled and not _assigned and state().info.is_chief
 
 
-def assign(document: dict[str, Any]) -> None:
-    """On the chief: send every streamer ``document`` (once; later calls do nothing)."""
+def assign(payload: bytes) -> None:
+    """On the chief: send every streamer the encoded assignment (once; later calls do nothing)."""
     global _assigned
     if not waiting():
         return
     _assigned = True
-    send_assignment(comm(), list(range(1, state().info.num_tasks)), document)
+    send_assignment(comm(), list(range(1, state().info.num_tasks)), payload)
 
 
 def ensure_assigned() -> None:
     """On the chief: streamers still waiting run the script as before (``{"role": "script"}``)."""
-    assign({"role": "script"})
+    assign(encode({"role": "script"}))
 
 
 def wait_for_role() -> dict[str, Any] | None:
