@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from csrun.launch.supervisor import OWNER, SHM, remove_unmapped
+from csrun.launch.supervisor import OWNER, SHM, remove_unmapped, unlink_all
 
 MIN_AGE_S = 60.0
 """Files younger than this are never reaped (a job may be creating them right now)."""
@@ -92,12 +92,7 @@ def reap(folders: tuple[Path, ...] | None = None, *, min_age_s: float = MIN_AGE_
     removed += remove_unmapped(segments)
     hydra = [p for place in places for p in place.glob("hydra_hwloc_*") if _old_and_mine(p, now, min_age_s)]
     if hydra and not (hydra_running or _hydra_running)():
-        for path in hydra:
-            try:
-                path.unlink()
-                removed.append(path)
-            except OSError:
-                continue
+        removed += unlink_all(hydra)
     return removed
 
 

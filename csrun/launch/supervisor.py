@@ -116,21 +116,24 @@ def mapped_files() -> set[str]:
     return mapped
 
 
-def remove_unmapped(paths: list[Path]) -> list[Path]:
-    """Delete those of ``paths`` (shared-memory files) that no process on this node maps; returns them."""
-    if not paths:
-        return []
-    mapped = mapped_files()
+def unlink_all(paths: list[Path]) -> list[Path]:
+    """Delete ``paths`` (those already gone or not removable are skipped); returns the ones deleted."""
     removed = []
     for path in paths:
-        if str(path) in mapped:
-            continue
         try:
             path.unlink()
             removed.append(path)
         except OSError:
             continue
     return removed
+
+
+def remove_unmapped(paths: list[Path]) -> list[Path]:
+    """Delete those of ``paths`` (shared-memory files) that no process on this node maps; returns them."""
+    if not paths:
+        return []
+    mapped = mapped_files()
+    return unlink_all([p for p in paths if str(p) not in mapped])
 
 
 def clean_shm(since: float, before: set[str]) -> list[str]:
