@@ -76,6 +76,9 @@ class EnvSettings:
         60.0, "seconds csrun_wse --emulator waits for the job's emulator to listen", above=0, finite=True)
     connect_timeout: float = setting(
         10.0, "seconds the chief keeps trying to reach the system at --cs_ip", above=0, finite=True)
+    queue_timeout: float = setting(
+        600.0, "seconds the chief waits in the queue of a system busy with another job before it gives up "
+               "(0: not at all)", min=0, finite=True)
     emulator_token: str = setting(
         "", "the secret the chief presents to the emulator (csrun_wse --emulator sets one per job); empty: the "
             "token file cs_emulator wrote", secret=True)
@@ -86,7 +89,9 @@ class EnvSettings:
               "or torch.autocast (a GPU's default)")
     engine_trace: Literal["auto", "off"] = setting(
         "auto", "auto: the engine runs a checked TorchScript trace of the graph's forward; off: the graph as captured")
-    site_config: str = setting("", "the site config YAML; empty: configs/csrun.yaml beside csrun, else the defaults")
+    site_config: str = setting("", "the site config YAML; empty: the first of ~/.config/csrun/site.yaml "
+                                   "($XDG_CONFIG_HOME/csrun/site.yaml), /etc/csrun/site.yaml and the checkout's "
+                                   "configs/csrun.yaml, else the defaults")
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,15 @@
 Where it comes from, later winning:
 
 1. the defaults below;
-2. the YAML file ``$CSRUN_SITE_CONFIG`` if set (it must exist), else ``configs/csrun.yaml``
-   beside the ``csrun`` package (the repository's copy) when present;
+2. one YAML file, the first of these (:func:`site_config_path`; none: the defaults alone):
+
+   a. ``$CSRUN_SITE_CONFIG`` when set (it must exist: a missing one is an error);
+   b. the user's, ``$XDG_CONFIG_HOME/csrun/site.yaml`` (``~/.config/csrun/site.yaml`` when
+      ``XDG_CONFIG_HOME`` is unset, empty or not an absolute path);
+   c. the system's, ``/etc/csrun/site.yaml`` (:data:`SYSTEM_SITE_CONFIG`);
+   d. the checkout's, ``configs/csrun.yaml`` beside the ``csrun`` package (a wheel install has
+      none);
+
 3. ``CSRUN_<KEY>`` environment variables, one per field (``CSRUN_IMAGE``,
    ``CSRUN_WS_IMAGE``, ``CSRUN_MOUNT_DIRS``, ``CSRUN_DEF_NODES``, ``CSRUN_DEF_TASKS_PER_NODE``,
    ``CSRUN_DEF_CPUS_PER_TASK``, ``CSRUN_GRES_RESOURCE``, ``CSRUN_GRES_NODE``,
@@ -31,6 +38,11 @@ from csrun.yaml_file import read_yaml
 from csrun.typed_config import check_fields, from_mapping, from_text, setting
 
 REPO_SITE_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "csrun.yaml"
+"""The checkout's site config (the last place looked; a wheel install has none)."""
+SYSTEM_SITE_CONFIG = Path("/etc/csrun/site.yaml")
+"""The system-wide site config, an admin's (looked at after the user's)."""
+USER_SITE_CONFIG = Path("csrun") / "site.yaml"
+"""The user's site config, under ``$XDG_CONFIG_HOME`` (default ``~/.config``)."""
 GRES_PATTERN = r"[A-Za-z][\w.-]*(:[\w.-]+)?:\d+"
 """A Slurm GRES: ``name[:type]:count``."""
 
@@ -56,8 +68,29 @@ class SiteConfig:
         check_fields(self, "site config")
 
 
+def user_site_config(environ: Mapping[str, str] | None = None) -> Path | None:
+    """``$XDG_CONFIG_HOME/csrun/site.yaml``, else ``$HOME/.config/csrun/site.yaml`` (whether it
+    exists or not); None when neither variable gives a folder (a mapping without ``HOME``)."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_CONFIG_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / USER_SITE_CONFIG
+    home = env.get("HOME", "") or (os.path.expanduser("~") if environ is None else "")
+    if not home or home == "~":
+        return None
+    return Path(home) / ".config" / USER_SITE_CONFIG
+
+
+def site_config_candidates(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Where the site config is looked for when ``CSRUN_SITE_CONFIG`` is not set, first first:
+    the user's, the system's, the checkout's."""
+    user = user_site_config(environ)
+    return ([user] if user is not None else []) + [SYSTEM_SITE_CONFIG, REPO_SITE_CONFIG]
+
+
 def site_config_path(environ: Mapping[str, str] | None = None) -> Path | None:
-    """The YAML file the site config is read from, or None when only defaults apply."""
+    """The YAML file the site config is read from (module manual: ``CSRUN_SITE_CONFIG``, the
+    user's, the system's, the checkout's), or None when only defaults apply."""
     env = os.environ if environ is None else environ
     explicit = env_settings(env).site_config
     if explicit.strip():
@@ -65,7 +98,7 @@ def site_config_path(environ: Mapping[str, str] | None = None) -> Path | None:
         if not path.is_file():
             raise ConfigError(f"{env_name('site_config')}={explicit!r}: no such file. Point it at a YAML site config or unset it.")
         return path
-    return REPO_SITE_CONFIG if REPO_SITE_CONFIG.is_file() else None
+    return next((path for path in site_config_candidates(environ) if path.is_file()), None)
 
 
 def load_site_config(environ: Mapping[str, str] | None = None) -> SiteConfig:

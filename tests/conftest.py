@@ -8,9 +8,11 @@ failure, because CI starts it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Sequence
 
 import pytest
 
@@ -100,3 +102,25 @@ def long_debug_params(tmp_path: Path) -> tuple[dict, Path]:
     path = tmp_path / "long.yaml"
     path.write_text(yaml.safe_dump(params))
     return params, path
+
+
+def follow(argv: Sequence[str], env: dict[str, str], on_line: Callable[[str, subprocess.Popen[str]], None], *,
+           timeout: float = 60,
+           cwd: Path | None = None) -> tuple[int, str]:
+    """Run ``argv`` in a session of its own, stdout and stderr merged; ``on_line(line, process)`` sees each
+    line as it comes (to signal or kill something at a point of the run). Returns the exit code and the whole
+    output; the process group is SIGKILLed if it outlives the test."""
+    proc = subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=cwd)
+    assert proc.stdout is not None
+    out: list[str] = []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            on_line(line, proc)
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, "".join(out)

@@ -17,7 +17,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("typed_config", "address", "help_style", "files", "module_alias", "yaml_file", "consoles"),
     ("env_settings",),
-    ("cluster", "site", "program", "data", "mdl", "appliance"),
+    ("cluster", "site", "program", "data", "mdl", "appliance", "task_exits"),
     ("stream", "compiler", "launch"),
     ("emulator",),
     ("driver",),

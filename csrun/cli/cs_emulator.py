@@ -4,16 +4,20 @@ Usage::
 
     cs_emulator [--listen HOST:PORT] [--device cpu|cuda|cuda:I] [--token-file PATH]
                 [--allow-weak-token] [--tls-cert PATH --tls-key PATH]
-                [--hello-deadline S] [--max-pending N] [--idle-limit S]
+                [--hello-deadline S] [--max-pending N] [--idle-limit S] [--max-queued N]
                 [--queue-depth N] [--max-header-bytes N] [--max-tensors N]
                 [--max-tensor-bytes N] [--max-frame-bytes N] [--max-program-bytes N]
                 [--log-level LEVEL]
 
 A job reaches it with ``run.py --cs_ip HOST:PORT`` (or ``CS_IP``). The server executes the
 job's compiled program (forward, backward, optimizer, LR schedule, loss scaling) with the
-weights resident on ``--device``, for one job at a time: another job that connects meanwhile
-is told ``system busy: in use by job J since T``. A job that disconnects frees the system, and so
-does a job that keeps the server waiting longer than ``--idle-limit`` (see below).
+weights resident on ``--device``, for one job at a time: other jobs that connect meanwhile wait
+in a first-come, first-served queue of at most ``--max-queued`` jobs, each told its position
+(the job logs ``cs_emulator at HOST:PORT is busy with job J; queued at position 2``) and given
+the system in turn; a job finding the queue full is told ``system busy: in use by job J since T,
+and its queue is full (...)``. A job waits up to ``CSRUN_QUEUE_TIMEOUT`` seconds (its own
+setting, default 600), then gives up in one line. A job that disconnects frees the system, and
+so does a job that keeps the server waiting longer than ``--idle-limit`` (see below).
 
 Authentication: client and server share a token and each proves it holds it (HMAC-SHA256 over
 fresh nonces from both sides); the token itself never travels. Without TLS, batches, weights and
@@ -54,6 +58,11 @@ Options:
     send keep-alives when they are quiet (compiling, running closures, evaluating), so only a
     client that is stopped or cut off reaches it. The system then goes to the next job, and the
     stalled client, if it wakes, is told in one line.
+``--max-queued N``
+    Jobs that may wait in the queue while another holds the system (default 32; ``0``: none,
+    a job finding the system busy is refused at once). A queued job that disconnects, or sends
+    nothing (not even its keep-alives) for ``--idle-limit`` seconds, leaves the queue and the
+    jobs behind it move up. Only a job that authenticated is queued.
 ``--queue-depth N``
     Steps the server queues ahead of the one running (default 2).
 ``--max-header-bytes N`` (default 1 MiB), ``--max-tensors N`` (4096 per frame),
@@ -74,6 +83,9 @@ Environment:
 ``CSRUN_EMULATOR_TLS_NAME``
     Read by clients: the name the server's certificate must carry, when it is not the host of
     ``--cs_ip`` (for example a DNS name while connecting by IP address).
+``CSRUN_QUEUE_TIMEOUT``
+    Read by clients: seconds a job waits in the queue of a busy system before it gives up with
+    one line naming the job it waited for and its position (default 600; ``0``: not at all).
 ``CSRUN_HALF_EMULATION``
     How programs in float16 / bfloat16 compute: ``rounding`` (the default on CPU: float32
     kernels with the values rounded where a 16-bit datapath rounds, see
@@ -131,6 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="connections waiting to authenticate")
     p.add_argument("--idle-limit", type=float, default=g.idle_limit, metavar="SECONDS",
                    help="seconds the holder may keep the server waiting; 0: none")
+    p.add_argument("--max-queued", type=int, default=g.max_queued, metavar="N",
+                   help="jobs that may wait while the system is busy; 0: none")
     p.add_argument("--queue-depth", type=int, default=2, metavar="N", help="steps queued ahead")
     p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes, metavar="N",
                    help="largest message header a client may send")
@@ -153,6 +167,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.hello_deadline > 0:
         raise UsageError(f"--hello-deadline must be > 0 seconds, got {args.hello_deadline:g}")
+    if args.max_queued < 0:
+        raise UsageError(f"--max-queued must be >= 0 (0: no queue), got {args.max_queued}")
     if not args.idle_limit >= 0:
         raise UsageError(f"--idle-limit must be >= 0 seconds (0: no limit), got {args.idle_limit:g}")
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -195,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                              max_tensor_bytes=args.max_tensor_bytes, max_frame_bytes=args.max_frame_bytes,
                              max_program_bytes=args.max_program_bytes)
         guard = GuardLimits(max_pending=args.max_pending, hello_deadline=args.hello_deadline,
-                            idle_limit=args.idle_limit)
+                            idle_limit=args.idle_limit, max_queued=args.max_queued)
         from csrun.emulator.engine.executor import parse_device
 
         parse_device(args.device)

@@ -5,9 +5,10 @@ Usage::
     csrun_cpu [options] COMMAND [ARGS...]
     csrun_cpu python-pt run.py --mode train --params configs/fc_mnist.yaml --compile_only
 
-Builds and runs ``srun --nodes=1 --ntasks=1 --exclusive --cpus-per-task=C [--exclude=GRES_NODE]
-[--pty] COMMAND``, printing ``Running: <line>`` first. ``--pty`` is added only when stdin and
-stdout are a terminal. Parsing stops at the first word that is not an option; the rest is
+Builds and runs ``srun --job-name=csrun_cpu:<script> [--pty] --nodes=1 --ntasks=1 --exclusive
+--cpus-per-task=C [--exclude=GRES_NODE] COMMAND``, printing ``Running: <line>`` first
+(``<script>``: the command's first ``.py`` argument, else its program's name; ``squeue`` shows
+it). ``--pty`` is added only when stdin and stdout are a terminal. Parsing stops at the first word that is not an option; the rest is
 the command. Options take ``--opt val`` or ``--opt=val``, with dashes or underscores.
 
 Options:
@@ -30,17 +31,25 @@ Options:
 ``--dry-run``
     Print the line that would run and exit 0.
 ``--use-sbatch``
-    Submit the command as a batch job through submitit instead (one exclusive node); prints
-    the job id and the log folder and returns at once.
+    Submit the command as a batch job through submitit instead (one exclusive node, named
+    ``csrun_cpu:<script>``); prints ``Submitted batch job ID; logs in <log-dir>/ID`` and the
+    commands that follow the job from its id alone, ``csrun status ID`` and ``csrun logs ID
+    [--follow]`` (see :mod:`csrun.cli.csrun_main`), and returns at once.
 ``--wait``
-    With ``--use-sbatch``: block until the job ends and exit with the command's exit code.
+    With ``--use-sbatch``: stream the job's log (``ID_0_log.out`` onto stdout, ``ID_0_log.err``
+    onto stderr) as it grows until the job ends, then print ``csrun_cpu: job ID STATE, exit
+    code N`` (N: the command's own exit code) and exit with it (1 for a job that ended
+    otherwise than COMPLETED with code 0: cancelled, timed out). Ctrl-C stops the waiting
+    (exit 130), not the job.
 ``--log-dir DIR``
     The command's output also goes to ``DIR/<job>-0.log`` (``<job>``: the Slurm job id, or
     ``local-<pid>``), through the task wrapper (:mod:`csrun.launch.task_log`); the console
     keeps it too. With ``--use-sbatch`` the job's logs go to ``DIR/<job id>/`` (``csrun_logs``
     when not given).
-``--time LIMIT``, ``--job-name NAME``
-    With ``--use-sbatch``: time limit (none by default), job name.
+``--job-name NAME``
+    The name of the srun job or of the ``--use-sbatch`` job, instead of ``csrun_cpu:<script>``.
+``--time LIMIT``
+    With ``--use-sbatch``: time limit (none by default).
 ``--def_nodes``, ``--def_tasks``, ``--def_cpus``, ``--singularity``, ``--def_mount_dirs``, ``--def_gres``, ``--def_gres_node``
     Print that site setting and exit.
 ``--version``
@@ -72,9 +81,10 @@ from csrun.cli.common import console_entry, run_cli, say, show_and_run, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch import sbatch
 from csrun.launch.environment import legacy_imports_environment, task_environment
+from csrun.launch.jobs import follow_hint, wait_and_report
 from csrun.launch.options import SBATCH_LOG_DIR, SITE_QUERIES, CpuOptions, help_text, parse_args
 from csrun.launch.slurm_probe import probe_slurm
-from csrun.launch.srun import cpu_srun_argv
+from csrun.launch.srun import cpu_srun_argv, job_name
 from csrun.launch.supervisor import task_command
 from csrun.launch.task_log import task_log_environment
 from csrun.site import load_site_config
@@ -115,24 +125,28 @@ def _body(argv: list[str]) -> int:
     if opts.legacy_imports:
         env.update(legacy_imports_environment(env))
     command = list(parsed.command)
+    name = job_name(PROG, command, opts.job_name)
     if opts.log_dir and not opts.dry_run:
         env.update(task_log_environment(opts.log_dir, slurm=use_slurm))
         command = task_command(command)
 
     if opts.use_sbatch:
         if opts.dry_run:
-            say(f"Submitting: {shown(command)} (sbatch via submitit, one exclusive node)")
+            say(f"Submitting: {shown(command)} (sbatch via submitit, one exclusive node, job name {name})")
             return 0
         sub = sbatch.submit(
-            command, env, site, job_name=opts.job_name or PROG, log_dir=opts.log_dir or SBATCH_LOG_DIR,
+            command, env, site, job_name=name, log_dir=opts.log_dir or SBATCH_LOG_DIR,
             time=opts.time, exclude_gres=opts.exclude_gres,
         )
         say(f"Submitted batch job {sub.job_id}; logs in {sub.log_folder}")
-        return sbatch.wait_for(sub) if opts.wait else 0
+        if not opts.wait:
+            say(follow_hint(sub.job_id))
+            return 0
+        return wait_and_report(PROG, sub.job_id, say)
 
     if use_slurm:
         pty = sys.stdin.isatty() and sys.stdout.isatty()
-        line = cpu_srun_argv(command, site, exclude_gres=opts.exclude_gres, pty=pty)
+        line = cpu_srun_argv(command, site, exclude_gres=opts.exclude_gres, pty=pty, name=name)
     else:
         line = command
     return show_and_run("Running", line, env, echo=opts.logging, dry_run=opts.dry_run)

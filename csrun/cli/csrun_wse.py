@@ -5,9 +5,10 @@ Usage::
     csrun_wse [options] COMMAND [ARGS...]
     csrun_wse --total-nodes 3 --tasks-per-node 2 python-pt run.py --mode train --params P --cs_ip H:9000
 
-Prints ``Launching: <line>`` and runs one ``srun --unbuffered --kill-on-bad-exit --mpi=pmi2``
-step, so every task is in one MPI world and rank 0 (the chief) sits on the node holding the
-system's GRES:
+Prints ``Launching: <line>`` and runs one ``srun --unbuffered --kill-on-bad-exit --quit-on-interrupt --mpi=pmi2
+--job-name=csrun_wse:<script>`` step (``<script>``: the command's first ``.py`` argument, else its
+program's name; ``squeue`` shows it), so every task is in one MPI world and rank 0 (the chief)
+sits on the node holding the system's GRES:
 
 * 1 node: ``--exclusive --nodes=1 --tasks-per-node=T --cpus-per-task=C --gres=GRES COMMAND``;
 * N > 1: a heterogeneous step, ``:`` between components: the chief's node
@@ -48,19 +49,28 @@ word that is not an option):
     Print the line and exit 0.
 ``--use-sbatch``
     Submit the same layout as a heterogeneous batch job (one ``#SBATCH`` block per
-    component, ``#SBATCH hetjob`` between them) whose body runs the step; prints the job id
-    and the log folder ``<log-dir>/<job id>/`` (which also keeps the script as ``job.sbatch``).
-    With ``--dry-run`` prints the script.
+    component, ``#SBATCH hetjob`` between them, named ``csrun_wse:<script>``) whose body runs
+    the step; prints ``Submitted batch job ID; logs in <log-dir>/ID`` (the folder also keeps
+    the script as ``job.sbatch``) and the commands that follow the job from its id alone:
+    ``csrun status ID`` (state, exit code, nodes, log folder, elapsed time) and ``csrun logs ID
+    [--follow]`` (the chief's log; see :mod:`csrun.cli.csrun_main`). With ``--dry-run`` prints
+    the script.
 ``--wait``
-    With ``--use-sbatch``: block until the job ends and exit with its exit code.
+    With ``--use-sbatch``: stream the job's log (``ID_log.out`` onto stdout, ``ID_log.err`` onto
+    stderr: the chief's console) as it grows until the job ends, then print
+    ``csrun_wse: job ID STATE, exit code N`` (STATE: Slurm's, COMPLETED, FAILED, CANCELLED,
+    TIMEOUT...) and exit with that code (1 for a job that ended otherwise than COMPLETED with
+    code 0). Ctrl-C stops the waiting (exit 130), not the job.
 ``--log-dir DIR``
     One log file per task, ``DIR/<job>-<rank>.log`` (``<job>``: the Slurm job id, or
     ``local-<pid>`` under mpiexec): every task's stdout and stderr go into its own file, the
     console keeps the chief's (rank 0), and a failed task's line names its file (see
     :mod:`csrun.launch.task_log`). With ``--use-sbatch`` the job's own logs go to
     ``DIR/<job id>/`` (``csrun_logs`` when not given; per-task files only when given).
-``--time LIMIT``, ``--job-name NAME``
-    With ``--use-sbatch``: time limit (none by default), job name.
+``--job-name NAME``
+    The name of the srun step or of the ``--use-sbatch`` job, instead of ``csrun_wse:<script>``.
+``--time LIMIT``
+    With ``--use-sbatch``: time limit (none by default).
 ``--preempt-lead SECONDS`` (default 90)
     With ``--use-sbatch``: the job asks for SIGUSR1 that long before its time limit
     (``--signal=B:USR1@SECONDS``, ``--requeue``); the runner then checkpoints and stops, the
@@ -89,8 +99,13 @@ with one line, ``csrun_wse: task rank R on NODE exited with code C; ending the j
 csrun_wse (even with SIGKILL) takes mpiexec/srun, the tasks and the job's emulator along; the
 job's leftover MPICH segments in /dev/shm are removed on this node.
 
-Exit codes: the failed task's own code (a preempted run's 128+signal included), else the
-step's; 2 for a bad option, value or site config; 1 when the launch fails.
+Ctrl-C, locally and under Slurm alike: the first asks the job to save a checkpoint at its next
+step and stop (the runner's preemption stop: the preemption signal goes to the step); a second
+stops it at once, saving nothing more. Either way the job exits 130; continue with ``--resume``.
+
+Exit codes: the first failed task's own code, every time (the task that ended first with a
+non-zero code: csrun.task_exits; a preempted run's 128+signal included), else the step's; 130
+after Ctrl-C; 2 for a bad option, value or site config; 1 when the launch fails.
 """
 
 from __future__ import annotations
@@ -106,11 +121,12 @@ from csrun.env_settings import check_environment
 from csrun.cli.common import console_entry, run_cli, say, shown
 from csrun.errors import LaunchError, UsageError
 from csrun.launch.environment import legacy_imports_environment, task_environment
-from csrun.launch.hetjob import hetjob_script, submit_hetjob, wait_for_hetjob
+from csrun.launch.hetjob import hetjob_script, submit_hetjob
+from csrun.launch.jobs import follow_hint, wait_and_report
 from csrun.launch.layout import resolve_tasks_and_cpus, wse_layout
 from csrun.launch.options import SBATCH_LOG_DIR, SITE_QUERIES, WseOptions, help_text, parse_args
 from csrun.launch.slurm_probe import node_cpus, probe_slurm
-from csrun.launch.srun import mpiexec_argv, wse_srun_argv
+from csrun.launch.srun import job_name, mpiexec_argv, wse_srun_argv
 from csrun.launch.reaper import reap
 from csrun.launch.supervisor import make_state_dir, supervise, task_command
 from csrun.launch.task_log import task_log_environment
@@ -170,21 +186,25 @@ def _body(argv: list[str]) -> int:
     if opts.log_dir and not opts.dry_run:
         env.update(task_log_environment(opts.log_dir, slurm=use_slurm))
     command = list(parsed.command)
+    name = job_name(PROG, command, opts.job_name)
     if opts.emulator:
         env["CSRUN_EMULATOR_TOKEN"] = secrets.token_urlsafe(32)
         env.pop("CS_IP", None)
         command = [sys.executable, "-m", "csrun.launch.job_emulator", "--device", opts.emulator, "--", *command]
     if opts.use_sbatch:
         log_dir = Path(opts.log_dir or SBATCH_LOG_DIR).resolve()
-        script = hetjob_script(command, layout, site, job_name=opts.job_name or PROG, log_dir=log_dir, time=opts.time, cwd=os.getcwd(), preempt_lead=opts.preempt_lead)
+        script = hetjob_script(command, layout, site, job_name=name, log_dir=log_dir, time=opts.time, cwd=os.getcwd(), preempt_lead=opts.preempt_lead)
         if opts.dry_run:
             say(script)
             return 0
         sub = submit_hetjob(script, env, log_dir)
         say(f"Submitted batch job {sub.job_id}; logs in {sub.log_folder}")
-        return wait_for_hetjob(sub) if opts.wait else 0
+        if not opts.wait:
+            say(follow_hint(sub.job_id))
+            return 0
+        return wait_and_report(PROG, sub.job_id, say)
     if use_slurm:
-        line = wse_srun_argv(task_command(command), layout, site)
+        line = wse_srun_argv(task_command(command), layout, site, name=name)
     else:
         say(f"{PROG}: no Slurm here ({status.reason}); running the {layout.total_tasks} tasks locally under mpiexec.")
         line = mpiexec_argv(find_mpiexec(), task_command(command), layout)

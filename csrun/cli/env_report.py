@@ -12,6 +12,9 @@ Sections (each a flat mapping of plain values, so ``--json`` is the same data):
   by ``CSRUN_SLURM_PROBE_TIMEOUT``), and the Slurm job/step this runs in, if any;
 * ``site``: the site config's file (or ``defaults``), the ``CSRUN_*`` variables that
   override it, and every resulting value;
+* ``settings``: every ``CSRUN_*`` knob with the value in effect, ``(set)`` from the environment or
+  ``(default)`` (a bad one ``BAD:`` and why, a secret's value hidden), and ``CS_IP`` (the system's
+  address run.py uses when ``--cs_ip`` is not given, or ``none``);
 * ``gpu``: whether torch sees CUDA, the device count and names, ``nvidia-smi`` on PATH;
 * ``environment``: every ``CSRUN_*`` variable that is set, with its value (a secret's hidden),
   its kind and meaning, or ``BAD:`` and why (:mod:`csrun.env_settings`); and the names csrun
@@ -32,7 +35,7 @@ from importlib import metadata
 from typing import Any, Mapping
 
 import csrun
-from csrun.cli.variables import environment_section
+from csrun.cli.variables import environment_section, settings_section
 from csrun.errors import ConfigError, LaunchError
 from csrun.launch.environment import NETMOD_VARIABLES
 from csrun.launch.slurm_probe import probe_slurm
@@ -168,6 +171,7 @@ def build_report(env: Mapping[str, str] | None = None) -> Report:
         "mpi": mpi_section(env),
         "slurm": slurm_section(env),
         "site": site_section(env),
+        "settings": settings_section(env),
         "gpu": gpu_section(),
         "environment": environment_section(env),
     }

@@ -1,16 +1,19 @@
 """Every ``CSRUN_*`` variable csrun knows, and what the environment sets of them.
 
 The registry is :mod:`csrun.env_settings` (the knobs, the launch contract, the shell's) plus the
-site config's fields (:func:`csrun.site.site_variables`). ``csrun env`` shows what is set
-(:func:`environment_section`); the launchers name a variable that looks like a misspelt one
-(:func:`misspelt`) before they start a job.
+site config's fields (:func:`csrun.site.site_variables`). ``csrun env`` shows every knob's value
+in effect and ``CS_IP`` (:func:`settings_section`) and what is set (:func:`environment_section`);
+the launchers name a variable that looks like a misspelt one (:func:`misspelt`) before they
+start a job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
-from csrun.env_settings import CONTRACT, PREFIX, SHELL, Variable, env_settings, knobs, unknown_names
+from csrun.env_settings import (CONTRACT, PREFIX, SHELL, EnvSettings, Variable, env_name, env_settings, knobs,
+                                shown_default, unknown_names)
 from csrun.errors import ConfigError
 from csrun.site import site_variables
 
@@ -36,6 +39,35 @@ def environment_section(env: Mapping[str, str]) -> dict[str, Any]:
     if unknown:
         section["unknown"] = [f"{name} (did you mean {close}?)" if close else name for name, close in unknown]
     return section or {"set": "none"}
+
+
+CS_IP = "CS_IP"
+"""The system's address a launcher passes through (run.py's ``--cs_ip`` default; :mod:`csrun.cluster`)."""
+
+
+def settings_section(env: Mapping[str, str]) -> dict[str, Any]:
+    """Every knob (:class:`~csrun.env_settings.EnvSettings`) with the value in effect and where it
+    comes from (``CSRUN_<X>``, or csrun's default; a bad value marked, a secret hidden), then ``CS_IP``.
+    The site config's values are the ``site`` section's."""
+    section: dict[str, Any] = {}
+    for f in dataclasses.fields(EnvSettings):
+        name = env_name(f.name)
+        raw = env.get(name, "")
+        given = bool(raw.strip())
+        try:
+            value = getattr(env_settings({name: raw}), f.name)
+        except ConfigError as exc:
+            section[name] = f"BAD: {exc}"
+            continue
+        if f.metadata.get("secret"):
+            shown = "hidden" if given else "none"
+        else:
+            shown = shown_default(value) or "none"
+        section[name] = f"{shown}  ({'set' if given else 'default'})"
+    cs_ip = env.get(CS_IP, "").strip()
+    section[CS_IP] = f"{cs_ip}  (set: run.py's --cs_ip default)" if cs_ip else \
+        "none  (unset: run.py runs on the CPU, or on the embedded emulator under csrun_wse)"
+    return section
 
 
 def _error_of(variable: Variable, value: str) -> str:

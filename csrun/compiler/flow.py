@@ -26,6 +26,7 @@ import torch
 from rich.console import Console
 
 from csrun.compiler import report
+from csrun.consoles import time_prefix
 from csrun.compiler.cache.compile_dir import (
     MARKER, add_source_key, build_atomically, compile_key, find_by_source_key, marker_source_keys, read_marker,
     source_key,
@@ -69,7 +70,7 @@ def settings_with_optimizer(settings: CompileSettings, optimizer: torch.optim.Op
 
 def _say(console: Console | None, text: str) -> None:
     if console is not None:
-        console.print(text, markup=False, highlight=False)
+        console.print(time_prefix(console.file) + text, markup=False, highlight=False)
 
 
 WS_HOW = "python-ws, or run.py --execution_strategy weight_streaming, or runconfig.execution_strategy: weight_streaming"

@@ -8,6 +8,7 @@ from rich.table import Table
 from csrun.compiler.placement import Plan
 from csrun.compiler.result import CompileResult
 from csrun.consoles import console as log_console
+from csrun.consoles import time_prefix
 
 MSG_COMPILING = "Compiling the model. This may take a few minutes."
 MSG_TRAIN_OK = "Compile for training completed successfully!"
@@ -112,22 +113,28 @@ def report_text(result: CompileResult) -> str:
 
 
 def print_result(result: CompileResult, console: Console | None = None) -> None:
-    """Print the outcome as users knew it: table, summary, then the legacy success/failure line."""
+    """Print the outcome as users knew it: table, summary, then the legacy success/failure line
+    (off a terminal each line after the time of day, the table as it is)."""
     console = console or log_console()
+    stamp = time_prefix(console.file)
+
+    def say(line: str) -> None:
+        console.print(stamp + line, markup=False, highlight=False)
+
     if result.plan is not None:
         console.print(plan_table(result.plan))
         for line in summary_lines(result.plan):
-            console.print(line)
+            say(line)
     if result.cache_hit:
-        console.print(f"Reusing the compile in {result.directory} (same graph, settings and csrun version).")
+        say(f"Reusing the compile in {result.directory} (same graph, settings and csrun version).")
     elif result.directory:
-        console.print(f"Compile artifacts written to {result.directory}")
+        say(f"Compile artifacts written to {result.directory}")
     if result.ok:
         if result.validate_only:
-            console.print(MSG_VALIDATE_OK)
+            say(MSG_VALIDATE_OK)
         else:
-            console.print(MSG_EVAL_OK if result.spec is not None and result.spec.mode == "eval" else MSG_TRAIN_OK)
+            say(MSG_EVAL_OK if result.spec is not None and result.spec.mode == "eval" else MSG_TRAIN_OK)
     else:
         for i, p in enumerate(result.problems, 1):
-            console.print(f"[{i}] {type(p).__name__}: {p.render()}", markup=False, highlight=False)
-        console.print(MSG_FAILED)
+            say(f"[{i}] {type(p).__name__}: {p.render()}")
+        say(MSG_FAILED)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from csrun.cluster import cluster_info
+from csrun.task_exits import last_word
 from csrun.program.execution import EXECUTION_STRATEGY_ENV, WEIGHT_STREAMING
 from csrun.site import SiteConfig
 
@@ -151,12 +152,30 @@ def plan_for_this_task(args: list[str], site: SiteConfig, build: PythonBuild = P
     )
 
 
+def _script(argv: list[str]) -> str | None:
+    """The script a Python argv runs (``python [-m mpi4py] SCRIPT ...``), or None (``-m``, ``-c``, ``-``)."""
+    args = argv[1:]
+    if args[:2] == ["-m", "mpi4py"]:
+        args = args[2:]
+    return args[0] if args and not args[0].startswith("-") else None
+
+
 def exec_plan(plan: ContainerPlan, prog: str) -> int:
     """Print the plan's notices (the chief task only), then replace this process with its argv in the
-    environment less ``plan.unset``, plus ``plan.setenv``; 127 (with one line) when it cannot start."""
-    if cluster_info().is_chief:
+    environment less ``plan.unset``, plus ``plan.setenv``; 127 (with one line) when it cannot start,
+    2 when the script to run here is missing (one line from the chief; every task's last word says
+    why, for the launcher's line: :mod:`csrun.task_exits`)."""
+    info = cluster_info()
+    if info.is_chief:
         for notice in plan.notices:
             print(notice, file=sys.stderr, flush=True)
+    script = _script(plan.argv) if plan.argv[0] == sys.executable else None  # in an image: the image's paths
+    if script is not None and not Path(script).is_file():
+        why = f"cannot open the script {script!r}: {'it is a folder' if Path(script).is_dir() else 'no such file'}"
+        last_word(2, info.rank, info.node_name, why)
+        if info.is_chief:  # every task would say it: the chief does, once
+            print(f"{prog}: error: {why} (in {os.getcwd()})", file=sys.stderr, flush=True)
+        return 2
     env = {k: v for k, v in os.environ.items() if k not in plan.unset}
     env.update(plan.setenv)
     try:

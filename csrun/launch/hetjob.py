@@ -20,15 +20,17 @@ latest checkpoint. Every task runs under :mod:`csrun.launch.task`, which writes 
 code (naming its rank and node), not srun's 137/143. Logs
 are opened in append mode so both runs stay in one file. The job is submitted held, its log
 folder ``<log_dir>/<job id>/`` is made, and then it is released, so logs land beside
-csrun_cpu's (``<id>_log.out`` / ``<id>_log.err``). Waiting polls ``squeue --states=all`` and
-reads the exit code from ``scontrol show job``: neither needs Slurm accounting.
+csrun_cpu's (``<id>_log.out`` / ``<id>_log.err``: the job's ``StdOut``/``StdErr``, by which
+:mod:`csrun.launch.jobs` finds the folder from the job id alone). The job is named
+``csrun_wse:<script>`` (:func:`csrun.launch.srun.job_name`) unless the user named it. Waiting
+for it and following its log is :mod:`csrun.launch.jobs`' (``scontrol show job``: no Slurm
+accounting needed).
 """
 
 from __future__ import annotations
 
 import shlex
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,16 +42,14 @@ from csrun.launch.srun import WSE_STEP_FLAGS
 from csrun.launch.supervisor import task_command
 from csrun.site import SiteConfig
 
-FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-
 
 TASK_CODES = """\
 export CSRUN_JOB_STATE={log_dir}/"$SLURM_JOB_ID/.tasks.${{SLURM_RESTART_COUNT:-0}}"
 mkdir -p "$CSRUN_JOB_STATE"
 csrun_task_code() {{  # the first failed task's own exit code (srun reports 137/143 for the tasks it ended)
     local f code node first=""
-    for f in $(ls -tr "$CSRUN_JOB_STATE"/exit.* 2>/dev/null); do
-        read -r code node < "$f"
+    for f in $(ls -tr "$CSRUN_JOB_STATE"/last.* "$CSRUN_JOB_STATE"/exit.* 2>/dev/null); do
+        read -r code node _ < "$f"
         if [ "$code" != 0 ]; then
             echo "csrun: task rank ${{f##*.}} on $node exited with code $code" >&2
             first=$code
@@ -173,29 +173,3 @@ def submit_hetjob(script: str, env: dict[str, str], log_dir: Path) -> HetSubmiss
     (folder / "job.sbatch").write_text(script)
     _run(["scontrol", "release", job_id], "scontrol release")
     return HetSubmission(job_id=job_id, log_folder=folder)
-
-
-def _states(job_id: str) -> list[str]:
-    out = _run(["squeue", "--noheader", "--states=all", "--format=%T", f"--jobs={job_id}"], "squeue")
-    return [s.strip() for s in out.split() if s.strip()]
-
-
-def _exit_code(job_id: str) -> int:
-    out = _run(["scontrol", "show", "job", job_id], "scontrol show job")
-    codes = []
-    for word in out.split():
-        if word.startswith("ExitCode="):
-            status, _, sig = word.split("=", 1)[1].partition(":")
-            codes.append(int(status) if int(status) else (128 + int(sig) if int(sig) else 0))
-    return max(codes, default=1)
-
-
-def wait_for_hetjob(sub: HetSubmission, poll_s: float = 1.0) -> int:
-    """Block until every component has finished; the job's exit code (the worst component's)."""
-    while True:
-        states = _states(sub.job_id)
-        if states and all(s in FINISHED for s in states):
-            return _exit_code(sub.job_id)
-        if not states:
-            raise LaunchError(f"job {sub.job_id} is no longer known to Slurm; logs in {sub.log_folder}")
-        time.sleep(poll_s)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from csrun.errors import ConfigError, UsageError
-from csrun.help_style import HELP_LINE, help_header, option_line
+from csrun.help_style import HELP_LINE, OPTIONS_TITLE, VERSION_LINE, help_header, option_line, wrap_help
 from csrun.site import SiteConfig
 from csrun.typed_config import field_doc, from_text, setting
 
@@ -60,7 +60,7 @@ class CommonOptions:
     use_sbatch: bool = _opt(False, "submit the command as a batch job instead of running it now", flag=True)
     wait: bool = _opt(False, "with --use-sbatch: block until the job ends and exit with its exit code", flag=True)
     time: str = _opt("", "with --use-sbatch: the job's time limit (Slurm format, e.g. 30 or 01:00:00)")
-    job_name: str = _opt("", "with --use-sbatch: the job's name (default: csrun_cpu / csrun_wse)")
+    job_name: str = _opt("", "the job's name in squeue, for the srun step and the --use-sbatch job (default: <launcher>:<script>, e.g. csrun_wse:run.py)")
     log_dir: str = _opt("", "one log file per task, DIR/<job>-<rank>.log (the console keeps the chief's); with "
                             "--use-sbatch also the job's logs, DIR/<job id>/ (default there: csrun_logs)")
     legacy_imports: bool = _opt(False, "let the job's unchanged R1.x scripts import cerebras.framework.torch "
@@ -121,16 +121,16 @@ def _spelling(name: str) -> str:
 
 
 def help_text(prog: str, cls: type[CommonOptions], summary: str) -> str:
-    """The ``--help`` text: usage, every option with its default (shown once), and the site queries."""
-    lines = help_header(prog, "[options] COMMAND [ARGS...]", summary,
-                        "options (dash or underscore spelling; --opt val or --opt=val):")
+    """The ``--help`` text: usage, every option with its default (shown once), ``--version``, and
+    the site queries; wrapped to the terminal (:func:`csrun.help_style.wrap_help`)."""
+    lines = help_header(prog, "[options] COMMAND [ARGS...]", summary, OPTIONS_TITLE)
     for f in dataclasses.fields(cls):
         flag = bool(f.metadata["flag"])
         value = "" if flag else ("[VALUE]" if f.metadata.get("optional") else "VALUE")
         lines.append(option_line(_spelling(f.name), value, field_doc(f), f.default, flag=flag))
-    lines.append(HELP_LINE)
+    lines += [VERSION_LINE, HELP_LINE]
     lines.append("site queries (print one site setting and exit): " + " ".join("--" + q for q in SITE_QUERIES))
-    return "\n".join(lines)
+    return wrap_help(lines)
 
 
 def _value(cls: type, name: str, raw: str) -> Any:

@@ -25,7 +25,7 @@ import time
 from typing import Callable, Sequence
 
 from csrun.errors import UserError
-from csrun.launch.task_log import TaskLog, unbuffered
+from csrun.launch.task_log import TaskLog, copy_lines, unbuffered
 
 PR_SET_PDEATHSIG = 1
 PUMP_DRAIN_S = 2.0
@@ -125,7 +125,8 @@ def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | N
 
 
 def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False,
-              parent_death: int = signal.SIGTERM, log: TaskLog | None = None, log_header: str = "") -> int:
+              parent_death: int = signal.SIGTERM, log: TaskLog | None = None, log_header: str = "",
+              started: Callable[[int], None] | None = None, label: str = "") -> int:
     """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 on to it; its exit code (128+N for signal N).
 
     ``keep_fds``: the child inherits every open file descriptor (an MPI task needs the PMI
@@ -133,7 +134,9 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = Fals
     gets if this process dies first. ``log``: the child's stdout and stderr go through pipes
     into that file (and onto this process's own when it echoes; :mod:`csrun.launch.task_log`),
     the file starting with ``log_header``; a file that cannot be opened is said in one line on
-    stderr and the output goes straight through.
+    stderr and the output goes straight through. ``started``: called with the child's pid once it runs.
+    ``label`` (without ``log``): every line of the child's output reaches this process's stdout or
+    stderr after ``label`` (``[rank 1] ``).
     """
     log_file = None
     if log is not None:
@@ -142,14 +145,21 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = Fals
         except OSError as exc:
             print(f"csrun: cannot write the task log {log.path}: {exc.strerror or exc}; output goes to the console only",
                   file=sys.stderr, flush=True)
-    piped = subprocess.PIPE if log_file is not None else None
+    labelled = bool(label) and log is None
+    piped = subprocess.PIPE if log_file is not None or labelled else None
     child = subprocess.Popen(list(argv), env=unbuffered(env) if piped else env, close_fds=not keep_fds,
                              preexec_fn=die_with_parent(parent_death), stdout=piped, stderr=piped)
+    if started is not None:
+        started(child.pid)
     pumps = []
     if log is not None and log_file is not None and child.stdout is not None and child.stderr is not None:
         lock = threading.Lock()
         pumps = [log.pump(child.stdout, log_file, sys.stdout.buffer if log.echo else None, lock),
                  log.pump(child.stderr, log_file, sys.stderr.buffer if log.echo else None, lock)]
+    elif labelled and child.stdout is not None and child.stderr is not None:
+        prefix = label.encode()
+        pumps = [copy_lines(child.stdout, [(sys.stdout.buffer, prefix, None)], "csrun-label-stdout"),
+                 copy_lines(child.stderr, [(sys.stderr.buffer, prefix, None)], "csrun-label-stderr")]
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
     previous = {s: signal.getsignal(s) for s in forwarded}
 

@@ -1,14 +1,15 @@
 """``--use-sbatch``: submit the launcher's command as a Slurm batch job through submitit.
 
 The job runs :class:`CommandJob` on one exclusive node (off the GRES node, as csrun_cpu's
-interactive path). Logs land in ``<log_dir>/<job id>/`` (submitit's ``<id>_0_log.out`` and
-``<id>_0_log.err``). With ``wait`` the caller blocks until the job ends and gets the
-command's exit code back.
+interactive path), named as the caller says (csrun_cpu: ``csrun_cpu:<script>``, see
+:func:`csrun.launch.srun.job_name`). Logs land in ``<log_dir>/<job id>/`` (submitit's
+``<id>_0_log.out`` and ``<id>_0_log.err``, the job's ``StdOut``/``StdErr``); the command's
+exit code is written beside them as text, ``<id>_0_exit_code`` (:data:`EXIT_CODE_FILE`). Waiting for the job,
+following its log and reading that code is :mod:`csrun.launch.jobs`' (from the job id alone).
 
 submitit learns a job's state from ``sacct``, which needs Slurm accounting; clusters without
-it (the local test cluster among them) leave the state UNKNOWN, and a job that dies before
-writing its result would be waited for forever. :class:`SqueueWatcher` asks ``squeue
---states=all`` instead, which shows finished jobs for the cluster's MinJobAge.
+it (the local test cluster among them) leave the state UNKNOWN. :class:`SqueueWatcher` asks
+``squeue --states=all`` instead, which shows finished jobs for the cluster's MinJobAge.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from csrun.errors import LaunchError, UsageError
 from csrun.launch.process import wait_child
+from csrun.files import atomic_write
 from csrun.launch.preempt_signal import preemption_signal, submitit_signal
 from csrun.site import SiteConfig
 
@@ -60,6 +62,11 @@ def _ignore_submitit_signal() -> None:
         signal.signal(theirs, signal.SIG_IGN)
 
 
+EXIT_CODE_FILE = "{job_id}_0_exit_code"
+"""In the job's log folder: the command's exit code as text (Slurm reports the job COMPLETED with
+0 whatever the command returned; submitit's own record of it is a pickle, which csrun never reads)."""
+
+
 class CommandJob:
     """What the batch job runs: the command, in the submitter's folder and environment.
 
@@ -72,23 +79,34 @@ class CommandJob:
     (the job's ``SLURM_*`` variables reach the command) and resumes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, log_dir: str = "") -> None:
+        self.log_dir = log_dir
+        """The ``--log-dir`` whose ``<job id>/`` folder gets :data:`EXIT_CODE_FILE` (``""``: none)."""
         self._child: subprocess.Popen[bytes] | None = None
 
     def __getstate__(self) -> dict[str, object]:
-        return {}
+        return {"log_dir": self.log_dir}
 
     def __setstate__(self, state: dict[str, object]) -> None:
+        self.log_dir = str(state.get("log_dir", ""))
         self._child = None
 
     def __call__(self, command: list[str], env: dict[str, str], cwd: str) -> int:
-        """Run the command to its end; its exit code."""
+        """Run the command to its end; its exit code (also written, as text, beside the job's logs)."""
         job_vars = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
         self._child = child = subprocess.Popen(command, env={**env, **job_vars}, cwd=cwd,
                                                preexec_fn=_ignore_submitit_signal)
         # not child.wait(): submitit's signal handler (checkpoint) runs in this thread and waits for
         # the child itself, which a blocking wait() here would lock out (Popen's waitpid lock)
-        return wait_child(child)
+        code = wait_child(child)
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        if self.log_dir and job_id:
+            try:
+                atomic_write(Path(self.log_dir) / job_id / EXIT_CODE_FILE.format(job_id=job_id), f"{code}\n",
+                             durable=False)
+            except OSError:
+                pass  # the job's state still ends it; only `csrun status` lacks the command's own code
+        return code
 
     def checkpoint(self, command: list[str], env: dict[str, str], cwd: str) -> object:
         """On preemption: let the command checkpoint and stop, then ask to run it again."""
@@ -106,7 +124,7 @@ class CommandJob:
             return None
         if code != 128 + sig:  # it did not checkpoint and stop (or gave up requeueing)
             return None
-        return submitit.helpers.DelayedSubmission(CommandJob(), command, env, cwd)
+        return submitit.helpers.DelayedSubmission(CommandJob(self.log_dir), command, env, cwd)
 
 
 CHECKPOINT_WAIT_S = 60.0
@@ -138,7 +156,7 @@ class Submission:
     job_id: str
     log_folder: Path
     job: object
-    """The submitit Job, for :func:`wait_for`."""
+    """The submitit Job."""
 
 
 def submit(
@@ -171,19 +189,7 @@ def submit(
         params["exclude"] = site.gres_node
     executor.update_parameters(**params)
     try:
-        job = executor.submit(CommandJob(), list(command), dict(env), os.getcwd())
+        job = executor.submit(CommandJob(str(Path(log_dir).resolve())), list(command), dict(env), os.getcwd())
     except Exception as exc:  # submitit wraps sbatch failures in several types
         raise LaunchError(f"sbatch refused the job: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}") from None
     return Submission(job_id=str(job.job_id), log_folder=Path(str(folder).replace("%j", str(job.job_id))), job=job)
-
-
-def wait_for(submission: Submission) -> int:
-    """Block until the job ends; the command's exit code, or 1 when the job itself failed."""
-    job = submission.job
-    try:
-        return int(job.result())  # type: ignore[attr-defined]
-    except Exception as exc:
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        raise LaunchError(
-            f"batch job {submission.job_id} failed: {lines[-1] if lines else exc!r}; logs in {submission.log_folder}"
-        ) from None

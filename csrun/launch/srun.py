@@ -2,15 +2,39 @@
 
 Pure argv building: nothing here runs a process, so unit tests compare the lines with golden
 files.
+
+Job names: a launcher's srun step and its ``--use-sbatch`` batch job are named
+``<launcher>:<script>`` (``csrun_wse:run.py``; :func:`job_name`), so ``squeue`` tells one run
+from another; a user's ``--job-name`` wins.
 """
 
 from __future__ import annotations
 
+import os
+import re
+
 from csrun.launch.layout import Component, Layout
 from csrun.site import SiteConfig
 
-WSE_STEP_FLAGS = ("--unbuffered", "--kill-on-bad-exit", "--mpi=pmi2")
-"""Given once, in front of the first component: they hold for the whole (heterogeneous) step."""
+WSE_STEP_FLAGS = ("--unbuffered", "--kill-on-bad-exit", "--quit-on-interrupt", "--mpi=pmi2")
+"""Given once, in front of the first component: they hold for the whole (heterogeneous) step
+(``--quit-on-interrupt``: the supervisor's SIGINT ends the step at once, :class:`~csrun.launch.supervisor.Interrupt`)."""
+
+
+def script_name(command: list[str]) -> str:
+    """What a job runs, in one word: the first argument that looks like a Python file
+    (``models/fc_mnist/run.py`` -> ``run.py``), else the program's basename (``bash``)."""
+    for word in command:
+        if word.endswith(".py") and not word.startswith("-"):
+            return os.path.basename(word)
+    return os.path.basename(command[0]) if command else ""
+
+
+def job_name(prog: str, command: list[str], given: str = "") -> str:
+    """The job's name: ``given`` (the user's ``--job-name``), else ``<prog>:<script>``
+    (:func:`script_name`); whitespace becomes ``_`` (an ``#SBATCH`` line ends at a space)."""
+    name = given or (f"{prog}:{script_name(command)}" if command else prog)
+    return re.sub(r"\s", "_", name)
 
 
 def _placement(site: SiteConfig) -> list[str]:
@@ -22,9 +46,11 @@ def _placement(site: SiteConfig) -> list[str]:
     return out
 
 
-def cpu_srun_argv(command: list[str], site: SiteConfig, *, exclude_gres: bool, pty: bool) -> list[str]:
-    """``srun --nodes=1 --exclusive [--exclude=GRES_NODE] [--pty] COMMAND`` for csrun_cpu."""
+def cpu_srun_argv(command: list[str], site: SiteConfig, *, exclude_gres: bool, pty: bool, name: str = "") -> list[str]:
+    """``srun [--job-name=NAME] [--pty] --nodes=1 --exclusive [--exclude=GRES_NODE] COMMAND`` for csrun_cpu."""
     argv = ["srun"]
+    if name:
+        argv.append(f"--job-name={name}")
     if pty:
         argv.append("--pty")
     argv += ["--nodes=1", "--ntasks=1", "--exclusive", f"--cpus-per-task={site.def_cpus_per_task}"]
@@ -51,13 +77,16 @@ def _component_argv(component: Component, site: SiteConfig, *, last: bool, layou
     return argv
 
 
-def wse_srun_argv(command: list[str], layout: Layout, site: SiteConfig) -> list[str]:
+def wse_srun_argv(command: list[str], layout: Layout, site: SiteConfig, *, name: str = "") -> list[str]:
     """The csrun_wse step: one component, or a heterogeneous step with ``:`` between components.
 
     Every component runs the same command; only the first asks for the GRES; worker
-    components are exclusive and keep off the GRES node.
+    components are exclusive and keep off the GRES node. ``name``: ``--job-name``, given once
+    after the step flags (it names every component).
     """
     argv = ["srun", *WSE_STEP_FLAGS]
+    if name:
+        argv.append(f"--job-name={name}")
     single_node = len(layout.components) == 1
     for i, component in enumerate(layout.components):
         if i:

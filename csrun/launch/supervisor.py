@@ -8,12 +8,21 @@ csrun_wse (local ``mpiexec`` and Slurm ``srun`` alike) runs its step through :fu
 - the step's launcher (mpiexec or srun) runs in its own process group and dies with csrun_wse
   (``PR_SET_PDEATHSIG``: a ``kill -9`` of csrun_wse takes mpiexec, srun, the tasks and a job's
   emulator along);
-- the supervisor polls the folder every 0.1 s. At the first non-zero code it prints one line,
+- the supervisor watches the folder and, on this node, the tasks' processes themselves
+  (:mod:`csrun.task_exits`). At the first failure -- the earliest-ending task whose code is not
+  0, known from its last word, its report or (ended without either) 137 -- it prints one line,
   ``csrun_wse: task rank R on NODE exited with code C; ending the job``, gives the step
   :data:`GRACE_S` to end by itself (srun's ``--kill-on-bad-exit``, mpiexec's own abort), then
   SIGTERMs its process group and SIGKILLs it :data:`KILL_AFTER_S` later. The job's exit code is
-  that task's own code (a crash's 1 or 3, not srun's 137/143; a preempted chief's 128+signal
-  stays as it is); without a report it is the step's;
+  that task's own code, every time (a crash's 1 or 3, not srun's 137/143, nor the consequential
+  error of a task that lost its peer; a preempted chief's 128+signal stays as it is); without
+  any failure it is the step's;
+- Ctrl-C (SIGINT at the launcher) is the same locally and under Slurm (:class:`Interrupt`): the
+  first asks the job to save a checkpoint at its next step and stop, a second stops it at once;
+  either way the job exits 130 (0 if it ended cleanly all the same). Other signals
+  (SIGTERM, SIGHUP, SIGUSR1/2) are passed on to the step as they are;
+- on a terminal the launcher draws the chief's progress bar below the step's output
+  (:mod:`csrun.launch.live_bar`);
 - whatever the ending, MPICH's shared-memory segments that this job left in ``/dev/shm``
   (``mpich_shm_*`` owned by this user, created after the step started and mapped by no
   process any more) are removed on this node.
@@ -36,12 +45,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from csrun.launch.live_bar import LiveBar
+from csrun.launch.live_bar import wanted as live_bar_wanted
+from csrun.launch.preempt_signal import preemption_signal
 from csrun.launch.process import die_with_parent
 from csrun.launch.task import STATE_ENV
+from csrun.task_exits import TaskExit, TaskWatch
 from csrun.launch.task_log import LOG_DIR_ENV, find_task_log
 
 GRACE_S = 2.0
@@ -49,19 +61,14 @@ GRACE_S = 2.0
 KILL_AFTER_S = 3.0
 """Seconds between SIGTERM and SIGKILL of the step's process group."""
 POLL_S = 0.1
+INTERRUPTED = 130
+"""The job's exit code after a Ctrl-C (the shell's 128 + SIGINT), unless it ended cleanly anyway."""
+STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SIGUSR1, 128 + signal.SIGUSR2)
+"""Task codes that, after a Ctrl-C, are the stop the user asked for rather than a failure."""
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 SHM = Path("/dev/shm")
 OWNER = "owner"
 """The file in a state folder naming its launcher, ``<pid> <host>`` (:mod:`csrun.launch.reaper` reads it)."""
-
-
-@dataclass(frozen=True)
-class TaskExit:
-    """A task's report: its rank, node and exit code."""
-
-    rank: int
-    node: str
-    code: int
 
 
 def task_command(command: Sequence[str]) -> list[str]:
@@ -80,18 +87,6 @@ def make_state_dir(shared: bool) -> str:
     folder = folder or tempfile.mkdtemp(prefix="csrun_job.")
     (Path(folder) / OWNER).write_text(f"{os.getpid()} {socket.gethostname()}\n")
     return folder
-
-
-def read_exits(state_dir: str) -> list[TaskExit]:
-    """The reports in ``state_dir``, oldest first."""
-    found = []
-    for path in Path(state_dir).glob("exit.*"):
-        try:
-            code_text, _, node = path.read_text().strip().partition(" ")
-            found.append((path.stat().st_mtime_ns, TaskExit(int(path.name.split(".", 1)[1]), node, int(code_text))))
-        except (OSError, ValueError):
-            continue
-    return [e for _, e in sorted(found, key=lambda pair: (pair[0], pair[1].rank))]
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -169,30 +164,39 @@ def supervise(line: Sequence[str], env: dict[str, str], state_dir: str, prog: st
     except OSError:
         before = set()
     started = time.time()
+    bar = LiveBar(state_dir) if live_bar_wanted(env) else None
+    piped = subprocess.PIPE if bar is not None else None
     child = subprocess.Popen(list(line), env={**env, STATE_ENV: state_dir}, start_new_session=True,
-                             preexec_fn=die_with_parent(signal.SIGTERM))
+                             preexec_fn=die_with_parent(signal.SIGTERM), stdout=piped, stderr=piped)
+    pumps = [bar.pump(pipe) for pipe in (child.stdout, child.stderr) if pipe is not None] if bar is not None else []
+    interrupt = Interrupt(prog, child.pid, is_srun=Path(line[0]).name == "srun")
     previous = {s: signal.getsignal(s) for s in FORWARDED}
 
     def forward(signum: int, _frame: object) -> None:
-        _signal_group(child.pid, signum)
+        if signum == signal.SIGINT:
+            interrupt.pressed()
+        else:
+            _signal_group(child.pid, signum)
 
     try:
         for s in FORWARDED:
             signal.signal(s, forward)
     except ValueError:
         previous = {}
+    watch = TaskWatch(state_dir)
     failed: TaskExit | None = None
     failed_at = 0.0
     terminated_at = 0.0
     try:
         while child.poll() is None:
-            time.sleep(POLL_S)
+            watch.wait(POLL_S)
+            if bar is not None:
+                bar.refresh()
             if failed is None:
-                bad = [e for e in read_exits(state_dir) if e.code != 0]
-                if bad:
-                    failed, failed_at = bad[0], time.monotonic()
-                    print(f"{prog}: task rank {failed.rank} on {failed.node or '?'} exited with code {failed.code}; "
-                          f"ending the job{_log_hint(env, failed.rank)}", file=sys.stderr, flush=True)
+                failed = watch.first_failure()
+                if failed is not None:
+                    failed_at = time.monotonic()
+                    _say_failed(prog, failed, env, interrupt, ending=True)
             elif not terminated_at and time.monotonic() - failed_at > GRACE_S:
                 _signal_group(child.pid, signal.SIGTERM)
                 terminated_at = time.monotonic()
@@ -205,14 +209,53 @@ def supervise(line: Sequence[str], env: dict[str, str], state_dir: str, prog: st
         if child.poll() is None:
             _signal_group(child.pid, signal.SIGKILL)
             child.wait()
+        watch.wait(0)  # ends that came with the step's
+        watch.close()
+        for pump in pumps:  # the step's last lines (a straggler holding a pipe: bounded wait)
+            pump.join(timeout=2.0)
+        if bar is not None:
+            bar.stop()
         clean_shm(started, before)
         if failed is None:
-            failed = next((e for e in read_exits(state_dir) if e.code != 0), None)
+            failed = watch.first_failure(final=True)
             if failed is not None:
-                print(f"{prog}: task rank {failed.rank} on {failed.node or '?'} exited with code {failed.code}"
-                      f"{_log_hint(env, failed.rank)}", file=sys.stderr, flush=True)
+                _say_failed(prog, failed, env, interrupt, ending=False)
         shutil.rmtree(state_dir, ignore_errors=True)
-    if failed is not None:
-        return failed.code
     code = child.returncode
-    return 128 - code if code < 0 else code
+    code = failed.code if failed is not None else (128 - code if code < 0 else code)
+    return INTERRUPTED if interrupt.count and code != 0 else code
+
+
+def _say_failed(prog: str, failed: TaskExit, env: dict[str, str], interrupt: "Interrupt", *, ending: bool) -> None:
+    if interrupt.count and failed.code in STOPPED_CODES:
+        return  # the stop the user asked for, not a failure
+    how = f"exited with code {failed.code}" if failed.reported else f"was killed (code {failed.code}; no report from its wrapper)"
+    how += f" ({failed.cause})" if failed.cause else ""
+    tail = "; ending the job" if ending else ""
+    print(f"{prog}: task rank {failed.rank} on {failed.node or '?'} {how}{tail}{_log_hint(env, failed.rank)}",
+          file=sys.stderr, flush=True)
+
+
+class Interrupt:
+    """Ctrl-C at the launcher, the same locally and under Slurm: the first asks the step to
+    checkpoint and stop (the preemption signal, ``CSRUN_PREEMPT_SIGNAL``: the runner's "checkpoint
+    at the next step and stop", which srun passes on to the tasks where it would end the step on
+    SIGTERM); a second stops it at once (SIGKILL of mpiexec's group; for srun, SIGINT, which
+    ``--quit-on-interrupt`` makes srun's immediate end of the step)."""
+
+    def __init__(self, prog: str, pgid: int, *, is_srun: bool) -> None:
+        self.prog = prog
+        self.pgid = pgid
+        self.is_srun = is_srun
+        self.count = 0
+
+    def pressed(self) -> None:
+        """One Ctrl-C (SIGINT) at the launcher."""
+        self.count += 1
+        if self.count == 1:
+            print(f"\n{self.prog}: interrupted: the job saves a checkpoint at its next step and stops "
+                  "(Ctrl-C again stops it at once, saving nothing more)", file=sys.stderr, flush=True)
+            _signal_group(self.pgid, preemption_signal())
+        else:
+            print(f"\n{self.prog}: interrupted again: stopping the job now", file=sys.stderr, flush=True)
+            _signal_group(self.pgid, signal.SIGINT if self.is_srun else signal.SIGKILL)

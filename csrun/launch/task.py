@@ -4,11 +4,13 @@ csrun_wse starts every task through this wrapper (users need not). It runs COMMA
 (which dies with the wrapper, ``PR_SET_PDEATHSIG``; the PMI file descriptors stay open for MPI;
 SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 are passed on), and when COMMAND ends, however it ends,
 writes ``exit.<rank>`` into the job's state folder: ``<exit code> <node>``, the code being
-COMMAND's own (128+N when a signal N ended it). The launcher's supervisor
+COMMAND's own (128+N when a signal N ended it); when COMMAND starts it writes ``start.<rank>``
+(COMMAND's pid, so that the launcher can see it end: :mod:`csrun.task_exits`). The launcher's supervisor
 (:mod:`csrun.launch.supervisor`) watches that folder and ends the whole job as soon as a task
 reports a non-zero code, naming the rank, the node and the code. The wrapper's exit code is
 COMMAND's. With ``CSRUN_TASK_LOG_DIR`` set (``--log-dir``), COMMAND's output is copied into
-the task's own log file and, on the chief only, onto the console (:mod:`csrun.launch.task_log`).
+the task's own log file and, on the chief only, onto the console (:mod:`csrun.launch.task_log`);
+without it, a streamer's lines reach the console prefixed ``[rank N] ``.
 
 Environment read: ``CSRUN_JOB_STATE`` (the state folder; without it nothing is written),
 ``CSRUN_TASK_LOG_DIR`` / ``CSRUN_JOB_LABEL`` (the per-task log files) and the rank variables
@@ -20,27 +22,17 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from pathlib import Path
 
 from csrun.env_settings import JOB_STATE
 from csrun.cluster import cluster_info
 from csrun.errors import UsageError
-from csrun.files import atomic_write
 from csrun.launch.process import run_child, run_cli
+from csrun.task_exits import report_exit, report_start
 from csrun.launch.task_log import task_log_for
 
 PROG = "csrun_wse (task)"
 STATE_ENV = JOB_STATE.name
 """The job's state folder, set by the launcher for every task."""
-
-
-def report_exit(state_dir: str, rank: int, node: str, code: int) -> None:
-    """Write ``exit.<rank>`` (``<code> <node>``) atomically into ``state_dir``; errors are ignored
-    (the job then ends by MPI's or Slurm's own means)."""
-    try:
-        atomic_write(Path(state_dir) / f"exit.{rank}", f"{code} {node}\n", durable=False)
-    except OSError:
-        pass
 
 
 def _body(argv: list[str]) -> int:
@@ -52,13 +44,19 @@ def _body(argv: list[str]) -> int:
     log = task_log_for(os.environ, info.rank)
     shown = shlex.join(command).replace("\n", "\\n")
     header = f"csrun task rank {info.rank} on {info.node_name}, attempt {info.restart_count}: {shown}"
+    state = os.environ.get(STATE_ENV, "")
+
+    def started(pid: int) -> None:
+        if state:
+            report_start(state, info.rank, info.node_name, pid)
+
     try:
-        code = run_child(command, dict(os.environ), keep_fds=True, parent_death=9, log=log, log_header=header)
+        code = run_child(command, dict(os.environ), keep_fds=True, parent_death=9, log=log, log_header=header,
+                         started=started, label="" if info.is_chief else f"[rank {info.rank}] ")
     except FileNotFoundError:
         print(f"{PROG}: error: command not found: {command[0]!r}", file=sys.stderr, flush=True)
         code = 127
     finally:
-        state = os.environ.get(STATE_ENV, "")
         if state:
             report_exit(state, info.rank, info.node_name, code)
     return code

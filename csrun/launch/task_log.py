@@ -8,7 +8,9 @@ appends), each line prefixed with ``[rank N] `` (torchrun's ``--tee`` style, so 
 over the folder says whose line it is), and, on the chief (rank 0) only, onto its own
 stdout/stderr as well, unprefixed. Streamers' output
 goes only to their files, so the console is the chief's and ``srun --unbuffered`` no longer
-interleaves tasks mid-line; when a task fails, the supervisor's line names its file.
+interleaves tasks mid-line; when a task fails, the supervisor's line names its file. Without
+``--log-dir`` a streamer's lines reach the console prefixed ``[rank N] `` (a traceback says
+whose it is; :func:`copy_lines`), the chief's as they are.
 
 The file name: ``<job>`` is ``SLURM_HET_JOB_ID``, else ``SLURM_JOB_ID``, else
 ``CSRUN_JOB_LABEL`` (``local-<launcher pid>`` for an mpiexec job), else ``local``;
@@ -53,6 +55,10 @@ def task_log_path(folder: str | Path, environ: Mapping[str, str], rank: int) -> 
     return Path(folder) / f"{job_label(environ)}-{rank}.log"
 
 
+Sink = tuple[IO[bytes], bytes, "threading.Lock | None"]
+"""Where a copied line goes: the stream, the prefix written before it, the lock held around the write."""
+
+
 @dataclass
 class TaskLog:
     """Where one task's output goes: its file, and the console too when ``echo`` (the chief)."""
@@ -69,26 +75,35 @@ class TaskLog:
         return out
 
     def pump(self, source: IO[bytes], file: IO[bytes], console: IO[bytes] | None, lock: threading.Lock) -> threading.Thread:
-        """A started thread that copies ``source`` line by line into ``file`` (and ``console``)
-        until it ends."""
+        """A started thread that copies ``source`` line by line into ``file`` (prefixed with the
+        rank) and ``console`` (as it is) until it ends."""
+        sinks: list[Sink] = [(file, f"[rank {self.rank}] ".encode(), lock)]
+        if console is not None:
+            sinks.append((console, b"", None))
+        return copy_lines(source, sinks, f"csrun-task-log-{self.path.name}")
 
-        prefix = f"[rank {self.rank}] ".encode()
 
-        def copy() -> None:
-            for line in iter(source.readline, b""):
-                with lock:
-                    _write(file, prefix + line)
-                if console is not None:
-                    _write(console, line)
-                    try:
-                        console.flush()
-                    except (OSError, ValueError):
-                        pass
-            source.close()
+def copy_lines(source: IO[bytes], sinks: list[Sink], name: str) -> threading.Thread:
+    """A started daemon thread copying ``source`` line by line into every sink (each line one
+    write, flushed) until it ends."""
 
-        thread = threading.Thread(target=copy, name=f"csrun-task-log-{self.path.name}", daemon=True)
-        thread.start()
-        return thread
+    def copy() -> None:
+        for line in iter(source.readline, b""):
+            for out, prefix, lock in sinks:
+                if lock is not None:
+                    with lock:
+                        _write(out, prefix + line)
+                else:
+                    _write(out, prefix + line)
+                try:
+                    out.flush()
+                except (OSError, ValueError):
+                    pass
+        source.close()
+
+    thread = threading.Thread(target=copy, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _write(out: IO[bytes], data: bytes) -> None:

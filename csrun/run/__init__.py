@@ -28,7 +28,8 @@ turns the eval means into named metrics. Every task runs the same script: rank 0
 chief) runs the loops, the others stream input.
 
 run.py flags (every given flag overwrites the ``runconfig`` key of the same name, then the
-params are checked):
+params are checked; each long flag also takes dashes, ``--max-steps`` for the legacy
+``--max_steps``, and a misspelt one is still an error, exit 2):
 
 =====================================  ==============================================================
 ``-p/--params FILE`` (required)        the params YAML (sections in :mod:`csrun.run.params`)

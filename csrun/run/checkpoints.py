@@ -29,7 +29,10 @@ CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)\.mdl$")
 """Names counted as checkpoints."""
 
 __all__ = ["CHECKPOINT_RE", "CheckpointError", "Found", "checkpoint_path", "latest_valid", "list_checkpoints",
-           "load_checkpoint", "prune_checkpoints", "save_checkpoint"]
+           "load_checkpoint", "prune_checkpoints", "save_checkpoint", "set_aside_earlier_run"]
+
+EARLIER_RUN_FOLDERS = ("losses", "train", "eval", "performance")
+"""What a run writes beside its checkpoints (the compile folders ``cs_<hash>`` stay: they are reusable)."""
 
 
 def checkpoint_path(model_dir: Path, step: int) -> Path:
@@ -106,3 +109,24 @@ def prune_checkpoints(model_dir: Path, keep: int, *, protect: tuple[int, ...] = 
             target.unlink(missing_ok=True)
         deleted.append(step)
     return deleted
+
+
+def set_aside_earlier_run(model_dir: Path) -> Path:
+    """Move an earlier run's checkpoints (with their sha256 files) and :data:`EARLIER_RUN_FOLDERS`
+    into ``model_dir/previous_run_<YYYYmmdd-HHMMSS>/`` (renames within model_dir; nothing is
+    deleted); returns that folder (``--start_over``)."""
+    import time
+
+    model_dir = Path(model_dir)
+    target = model_dir / time.strftime("previous_run_%Y%m%d-%H%M%S")
+    suffix = 1
+    while target.exists():
+        target = target.with_name(f"{target.name.split('.')[0]}.{suffix}")
+        suffix += 1
+    target.mkdir()
+    moving = [p for p in model_dir.iterdir() if CHECKPOINT_RE.match(p.name) or
+              (p.name.endswith(SUFFIX_SHA) and CHECKPOINT_RE.match(p.name[:-len(SUFFIX_SHA)]))]
+    moving += [model_dir / name for name in EARLIER_RUN_FOLDERS if (model_dir / name).exists()]
+    for path in moving:
+        path.rename(target / path.name)
+    return target

@@ -37,7 +37,7 @@ from csrun.run.params import (
 from csrun.typed_config import ConfigError
 
 RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "model_dir", "checkpoint_path",
-                   "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume",
+                   "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume", "start_over",
                    "max_steps", "eval_steps", "checkpoint_steps", "verify_steps")
 """Flags that overwrite the ``runconfig`` key of the same name."""
 
@@ -85,6 +85,9 @@ def _add_run_flags(p: argparse.ArgumentParser, prog: str) -> None:
                         f"default ${EXECUTION_STRATEGY_ENV}, then runconfig.execution_strategy")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from the latest valid checkpoint in model_dir")
+    p.add_argument("--start_over", action="store_true", default=None,
+                   help="train from step 0 in a model_dir an earlier run used: its files are moved into "
+                        "model_dir/previous_run_<time>/ first (nothing is deleted)")
     p.add_argument("--max_steps", type=int, default=None, metavar="N", help="runconfig.max_steps: the last global step")
     p.add_argument("--eval_steps", type=int, default=None, metavar="N", help="runconfig.eval_steps: eval batches to run")
     p.add_argument("--checkpoint_steps", type=int, default=None, metavar="N",

@@ -1,7 +1,8 @@
 """csrun's log records in a run: one console handler on the ``csrun`` logger, the root logger left to the user.
 
 :func:`setup_logging` (called by :func:`csrun.run.run`) gives the ``csrun`` logger one handler
-that writes ``LEVEL [role rank @ node]: message`` on stdout (``INFO [chief 0 @ cs-chief]: ...``),
+that writes ``LEVEL [role rank @ node]: message`` on stdout (``INFO [chief 0 @ cs-chief]: ...``;
+off a terminal after the time of day, ``2026-11-27 00:52:10 INFO [chief 0 @ cs-chief]: ...``),
 sets ``csrun.run``'s level, and leaves every record to **propagate**: the root logger is never
 touched, so a user's own handlers (``logging.basicConfig(filename=...)``, a file handler, an
 experiment tracker's) receive csrun's records too. Each record carries ``csrun_task``
@@ -22,6 +23,7 @@ import logging
 import sys
 
 from csrun.cluster import cluster_info
+from csrun.consoles import on_terminal
 
 ROOT_LOGGER = "csrun"
 """The logger csrun's console handler sits on (all of ``csrun.*`` reaches it)."""
@@ -63,7 +65,8 @@ def setup_logging(level: str) -> logging.Handler:
     (module manual); returns the handler."""
     label = task_label()
     handler = _CsrunHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(f"%(levelname)s [{label}]: %(message)s"))
+    stamp = "" if on_terminal(sys.stdout) else "%(asctime)s "  # a log's lines say when (csrun.consoles)
+    handler.setFormatter(logging.Formatter(f"{stamp}%(levelname)s [{label}]: %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.addFilter(_TaskConsole(label))
     base = logging.getLogger(ROOT_LOGGER)
     base.handlers[:] = [h for h in base.handlers if not isinstance(h, _CsrunHandler)] + [handler]

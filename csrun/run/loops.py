@@ -111,6 +111,8 @@ class TrainResult:
     total_time: float
     steps_run: int
     samples: int
+    final_loss: float | None = None
+    """The last step's loss that was read (None: no step ran)."""
 
 
 class _StepBook:
@@ -118,8 +120,9 @@ class _StepBook:
 
     def __init__(self, s: TrainSetup) -> None:
         self.s = s
-        self.last_time = time.perf_counter()
+        self.last_time = self.started = time.perf_counter()
         self.last_step = s.start_step
+        self.last_loss: float | None = None
         self.rate: float | None = None
         self.group: int | None = None
         """Loss rows read per closure; None (read each) until the first closure has seen the outputs' size."""
@@ -159,6 +162,7 @@ class _StepBook:
             if s.losses is not None:
                 s.losses.add(row_step, value)
         loss = _scalar(outputs["loss"])  # this step's: also the last row when there are rows
+        self.last_loss = loss
         if not rows:
             self.check(loss)
         if self.group is None:  # a group holds its steps' outputs alive: only small ones are grouped
@@ -181,7 +185,10 @@ class _StepBook:
                 s.scalars.flush()
                 if s.losses is not None:
                     s.losses.flush()
-                s.progress.log(log_line(step, s.target_step, loss, lr, self.rate or 0.0))
+                elapsed = now - self.started
+                done = step - s.start_step
+                eta = elapsed / done * (s.target_step - step) if done > 0 else None
+                s.progress.log(log_line(step, s.target_step, loss, lr, self.rate or 0.0, elapsed=elapsed, eta=eta))
         s.progress.step(step, loss, self.rate)
         if step == s.target_step or (s.checkpoint_steps and step % s.checkpoint_steps == 0):
             self.save(step)
@@ -234,7 +241,7 @@ def train(s: TrainSetup) -> TrainResult:
             s.losses.flush()
     steps_run = step - s.start_step
     return TrainResult(step=step, stats=session.stats, total_time=total, steps_run=steps_run,
-                       samples=steps_run * s.batch_size * s.grad_accum_steps)
+                       samples=steps_run * s.batch_size * s.grad_accum_steps, final_loss=book.last_loss)
 
 
 def _check_outputs(outputs: Any) -> None:

@@ -72,6 +72,8 @@ class RunConfig:
     checkpoint_path: str | None = doc(None, "checkpoint to load")
     is_pretrained_checkpoint: bool = doc(False, "load checkpoint_path as pretrained: step 0, non-strict, no optimizer state")
     resume: bool = doc(False, "continue from the latest valid checkpoint in model_dir")
+    start_over: bool = doc(False, "train from step 0 in a model_dir that holds an earlier run: its checkpoints, "
+                                  "losses and summaries are moved into model_dir/previous_run_<time>/ first")
     logging: str = doc("INFO", "chief log level")
     streamer_logging: str = doc("ERROR", "streamer log level")
     compile_dir: str | None = doc(None, "compile output folder (default: model_dir/cs_<hash>)")

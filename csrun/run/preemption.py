@@ -8,8 +8,13 @@ every step boundary (in the step closure, after the loss checks): it saves
 the streamers) and run() returns ``128 + signal number`` — 143 for SIGTERM, 138 for SIGUSR1,
 140 for SIGUSR2 — the shell's convention for "ended by this signal". A batch job that asked
 for ``#SBATCH --signal=B:USR1@60`` requeues itself on that exit code and continues with
-``--resume``. A second signal of the same kind while the first is pending is ignored; SIGINT
-(Ctrl-C) keeps Python's default (KeyboardInterrupt, no checkpoint).
+``--resume``. A second signal of the same kind while the first is pending is ignored.
+
+Ctrl-C (SIGINT) on the chief means the same, under any launcher or none: the first says in one
+line that the run saves a checkpoint at its next step and stops (exit 130, not requeued); a
+second, while that is pending, is Python's KeyboardInterrupt (stop at once, exit 130, nothing
+more saved). ``csrun_wse`` turns its own Ctrl-C into the preemption signal for the step
+(:class:`csrun.launch.supervisor.Interrupt`), so the tasks see the same meaning there.
 
 Requeues that gain nothing: :func:`account_preemption` counts, in ``model_dir``'s
 :data:`IDLE_FILE`, the preemptions in a row that ended a run without a gained step (a time
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from types import FrameType
 
@@ -77,6 +83,11 @@ class Preemption:
         self._old: dict[int, object] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            if self.signum is not None:  # a second Ctrl-C: stop now
+                raise KeyboardInterrupt
+            print("\ninterrupted (Ctrl-C): saving a checkpoint at the next step, then stopping "
+                  "(Ctrl-C again stops at once)", file=sys.stderr, flush=True)
         if self.signum is None:
             self.signum = signum
 
@@ -86,7 +97,7 @@ class Preemption:
         return self.signum is not None
 
     def __enter__(self) -> "Preemption":
-        for sig in preemption_signals():
+        for sig in (*preemption_signals(), signal.SIGINT):
             try:
                 self._old[sig] = signal.signal(sig, self._handler)
             except ValueError:  # not the main thread: no handlers, no preemption
@@ -100,8 +111,8 @@ class Preemption:
 
 
 def ignore_on_streamer() -> None:
-    """Streamers: ignore the preemption signals (the chief stops them after its checkpoint)."""
-    for sig in preemption_signals():
+    """Streamers: ignore the preemption signals and Ctrl-C (the chief stops them after its checkpoint)."""
+    for sig in (*preemption_signals(), signal.SIGINT):
         try:
             signal.signal(sig, signal.SIG_IGN)
         except ValueError:
@@ -143,7 +154,7 @@ def ask_to_requeue(preempted: Preempted) -> None:
     """Tell the batch script that asked (``CSRUN_REQUEUE_FILE``) that this run stopped for a
     preemption as it should and may be requeued: the file gets the global step."""
     target = os.environ.get(REQUEUE_FILE_ENV, "").strip()
-    if not target:
+    if not target or preempted.signum == signal.SIGINT:  # Ctrl-C: stopped by hand, not to be requeued
         return
     try:
         Path(target).write_text(f"{preempted.step}\n")

@@ -2,28 +2,39 @@
 
 On a real terminal a bar shows step/max, loss, samples/s and the ETA (redrawn 4 times a
 second); the log lines of every ``log_steps`` step are printed above it. Otherwise (batch jobs,
-job logs, pipes) only the log lines appear, flushed, one per ``log_steps`` step::
+job logs, pipes) only the log lines appear, flushed, one per ``log_steps`` step, each after the
+time of day (:func:`csrun.consoles.time_prefix`), with the time since the first step and the
+time left at that pace::
 
-    | Train: step 200/1000, loss 0.5123, lr 0.001, 15234.1 samples/s
+    2026-11-27 00:52:10 | Train: step 200/1000, loss 0.5123, lr 0.001, 15234.1 samples/s, 0:00:03 elapsed, ETA 0:00:12
 
 A real terminal (:func:`wants_bar`) is stdout being a tty, ``TERM`` not ``dumb``, and, inside a
 Slurm step (``SLURM_STEP_ID``), an interactive one (``srun --pty``, which sets
 ``SLURM_PTY_PORT``): under ``srun --unbuffered`` the tasks may see a tty whose output goes to a
 job log, where a redrawing bar would write its frames ten times a second.
 
+Under ``csrun_wse`` the chief's stdout is a pipe, so it prints the lines; it also rewrites the
+job's ``progress`` file (:func:`csrun.task_exits.report_progress`), from which the launcher,
+when its own terminal is one, draws the bar there (:mod:`csrun.launch.live_bar`).
+
 Environment: ``CSRUN_PROGRESS`` = ``auto`` (default, the rule above), ``bar`` (always draw the
-bar) or ``lines`` (never).
+bar) or ``lines`` (never; the launcher draws none either).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Mapping, TextIO
 
+from csrun.consoles import on_terminal, time_prefix
 from csrun.env_settings import env_name, env_settings
+from csrun.task_exits import ProgressNote, report_progress
 
 PROGRESS_ENV = env_name("progress")
+NOTE_EVERY_S = 0.25
+"""How often, at most, the chief rewrites the launcher's progress file."""
 
 
 def wants_bar(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
@@ -32,20 +43,21 @@ def wants_bar(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
     choice = env_settings(environ).progress
     if choice != "auto":
         return choice == "bar"
-    try:
-        tty = stream.isatty()
-    except (AttributeError, ValueError):  # a closed or stand-in stream
-        tty = False
-    if not tty or env.get("TERM", "") == "dumb":
-        return False
-    in_step = bool(env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "")).strip())
-    return not in_step or bool(env.get("SLURM_PTY_PORT", "").strip())
+    return on_terminal(stream, env) and env.get("TERM", "") != "dumb"
 
 
-def log_line(step: int, total: int, loss: float, lr: float | None, samples_per_sec: float) -> str:
-    """One training log line."""
+def _clock(seconds: float) -> str:
+    whole = int(round(seconds))
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def log_line(step: int, total: int, loss: float, lr: float | None, samples_per_sec: float, *,
+             elapsed: float | None = None, eta: float | None = None) -> str:
+    """One training log line (``elapsed``: seconds since the first step; ``eta``: seconds left)."""
     lr_part = f", lr {lr:.6g}" if lr is not None else ""
-    return f"| Train: step {step}/{total}, loss {loss:.6g}{lr_part}, {samples_per_sec:.1f} samples/s"
+    time_part = f", {_clock(elapsed)} elapsed" if elapsed is not None else ""
+    time_part += f", ETA {_clock(eta)}" if eta is not None else ""
+    return f"| Train: step {step}/{total}, loss {loss:.6g}{lr_part}, {samples_per_sec:.1f} samples/s{time_part}"
 
 
 class Progress:
@@ -54,6 +66,9 @@ class Progress:
     def __init__(self, *, start: int, total: int, stream: TextIO | None = None, bar: bool | None = None) -> None:
         self.stream = stream or sys.stdout
         self.total = total
+        self.start = start
+        self._started = time.monotonic()
+        self._noted = 0.0  # when the launcher's progress file was last written
         use_bar = wants_bar(self.stream) if bar is None else bar
         self._progress: Any = None
         self._task: Any = None
@@ -70,7 +85,14 @@ class Progress:
             self._progress.start()
 
     def step(self, step: int, loss: float, samples_per_sec: float | None) -> None:
-        """Advance the bar to ``step`` (no-op without a bar)."""
+        """Advance the bar to ``step``; in a csrun_wse job, tell the launcher too (a few times a
+        second at most: :func:`csrun.task_exits.report_progress`)."""
+        now = time.monotonic()
+        if now - self._noted >= NOTE_EVERY_S or step >= self.total:
+            self._noted = now
+            done = step - self.start
+            eta = (now - self._started) / done * (self.total - step) if done > 0 else 0.0
+            report_progress(ProgressNote(step, self.total, loss, samples_per_sec or 0.0, eta))
         if self._progress is not None:
             fields: dict[str, Any] = {"loss": f"{loss:.4g}"}
             if samples_per_sec is not None:
@@ -78,11 +100,11 @@ class Progress:
             self._progress.update(self._task, completed=step, **fields)
 
     def log(self, line: str) -> None:
-        """Print a log line (above the bar when there is one)."""
+        """Print a log line (above the bar when there is one; off a terminal after the time of day)."""
         if self._progress is not None:
             self._progress.console.print(line, markup=False, highlight=False)
         else:
-            print(line, file=self.stream, flush=True)
+            print(f"{time_prefix(self.stream)}{line}", file=self.stream, flush=True)
 
     def close(self) -> None:
         """Stop the bar."""

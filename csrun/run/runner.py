@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +22,9 @@ from csrun.errors import EnvironmentFailure, UsageError, UserError, describe_os_
 from csrun.run import cli_args, loops
 from csrun.files import remove_temporaries
 from csrun.run.model_dir_lock import model_dir_lock
-from csrun.run.checkpoints import CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint
+from csrun.run.checkpoints import (CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint,
+                                   set_aside_earlier_run)
+from csrun.consoles import time_prefix
 from csrun.run.logs import flush_console, setup_logging
 from csrun.run.params import InputConfig, ModelConfig, Params
 from csrun.run.performance import performance_doc, write_performance
@@ -29,6 +32,7 @@ from csrun.run.preemption import (Preempted, Preemption, account_preemption, ask
                                   ignore_on_streamer)
 from csrun.run.progress import Progress
 from csrun.run.summaries import LossLog, Scalars, write_params
+from csrun.run.summary import RunSummary, make_summary, render, write_summary
 from csrun.typed_config import ConfigError
 
 log = logging.getLogger("csrun.run")
@@ -87,6 +91,8 @@ def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any]
     restarts = cluster_info().restart_count
     if restarts and not rc.resume:
         _say(f"this job was requeued by Slurm (restart {restarts}): resuming from the latest checkpoint in {model_dir}")
+    if rc.resume and rc.start_over:
+        raise ConfigError("--resume continues the run in model_dir and --start_over sets it aside: give one of them")
     if rc.resume or restarts:
         found = latest_valid(model_dir)
         if found is not None:
@@ -109,10 +115,15 @@ def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any]
             return found.state, str(found.path)
         raise ConfigError(f"--mode eval: no valid checkpoint in {model_dir} to evaluate; give --checkpoint_path PATH "
                           f"(or train into this model_dir first): random weights are never scored")
-    earlier = list_checkpoints(model_dir) if rc.mode in ("train", "train_and_eval") else []
-    if earlier:  # starting at step 0 beside them would mix two runs' checkpoints, losses and summaries
+    compiling = rc.compile_only or rc.validate_only  # no step runs: nothing beside the earlier run is written
+    earlier = list_checkpoints(model_dir) if rc.mode in ("train", "train_and_eval") and not compiling else []
+    if earlier and rc.start_over:
+        _say(f"--start_over: the earlier run's checkpoints, losses and summaries moved into "
+             f"{set_aside_earlier_run(model_dir)}; training from step 0")
+    elif earlier:  # starting at step 0 beside them would mix two runs' checkpoints, losses and summaries
         raise ConfigError(f"model_dir {model_dir} holds an earlier run's checkpoints (up to "
-                          f"{earlier[0][1].name}): continue it with --resume, or train into another "
+                          f"{earlier[0][1].name}): continue it with --resume, start over with --start_over (its "
+                          f"files are moved into model_dir/previous_run_<time>/), or train into another "
                           f"-o/--model_dir (nothing was changed)")
     return None, ""
 
@@ -153,6 +164,7 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
     ``extra_args_parser_fn``: returns an ``argparse.ArgumentParser`` (``add_help=False``), or a
     list of them, with the model's own flags; they are parsed with run.py's (an unknown flag is
     still an error) and reach ``model_fn`` and the input functions as ``params.extra_args``."""
+    started = time.monotonic()
     prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "run.py"
     made = extra_args_parser_fn() if extra_args_parser_fn is not None else []
     parents = list(made) if isinstance(made, (list, tuple)) else [made]
@@ -171,7 +183,7 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
         path = cli_args.choose_path(params)
         cli_args.check_system_rules(params, path)
         return _run(params, path, model_fn=model_fn, train_input_fn=train_input_fn,
-                    eval_input_fn=eval_input_fn, eval_metrics=eval_metrics)
+                    eval_input_fn=eval_input_fn, eval_metrics=eval_metrics, started=started)
     except SystemExit as exc:  # compile_only / validate_only end here
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
@@ -219,7 +231,7 @@ def compile_settings(params: Params, *, mode: str) -> CompileSettings:
 
 def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params], torch.nn.Module],
          train_input_fn: Callable[[Params], Any] | None, eval_input_fn: Callable[[Params], Any] | None,
-         eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> int:
+         eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None, started: float) -> int:
     rc = params.runconfig
     is_chief = cbtorch.is_master_ordinal()
     setup_logging(rc.logging if is_chief else rc.streamer_logging)
@@ -255,13 +267,14 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
 
     with Preemption() as preemption:  # from here on a preemption signal is a flag, checked at step boundaries
         return _chief(params, path, settings, model_dir, preemption, model_fn=model_fn,
-                      train_input_fn=train_input_fn, eval_input_fn=eval_input_fn, eval_metrics=eval_metrics)
+                      train_input_fn=train_input_fn, eval_input_fn=eval_input_fn, eval_metrics=eval_metrics,
+                      started=started)
 
 
 def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Path, preemption: Preemption, *,
            model_fn: Callable[[Params], torch.nn.Module], train_input_fn: Callable[[Params], Any] | None,
            eval_input_fn: Callable[[Params], Any] | None,
-           eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> int:
+           eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None, started: float) -> int:
     rc = params.runconfig
     mode = rc.mode
     log.info("csrun: %s path (%s), mode %s, model_dir %s", path.kind, path.reason, mode, model_dir)
@@ -272,7 +285,7 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
             log.warning("removed %s, left by a run that stopped while writing it", leftover)
         model = cbtorch.module(model_fn(params))
         if mode == "eval_all":
-            _eval_all(params, path, model, model_dir, eval_input_fn, eval_metrics)
+            _eval_all(params, path, model, model_dir, eval_input_fn, eval_metrics, started)
             return 0
         optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
         state, where = _checkpoint_to_load(params, model_dir)
@@ -290,9 +303,10 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
                 _say(f"Loaded checkpoint {where} at global step {start}")
         if mode in ("train", "train_and_eval"):
             start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn, preemption,
-                           keep_steps=resumed)
+                           keep_steps=resumed, started=started)
         if mode in ("eval", "train_and_eval"):
-            _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics)
+            _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics, time.monotonic()
+                  if mode == "train_and_eval" else started)
         return 0
 
 
@@ -310,7 +324,7 @@ def _make_model_dir(model_dir: Path) -> None:
 
 def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optimizer: Any, settings: Any,
            model_dir: Path, start: int, train_input_fn: Callable[[Params], Any] | None,
-           preemption: Preemption, *, keep_steps: tuple[int, ...] = ()) -> int:
+           preemption: Preemption, *, keep_steps: tuple[int, ...] = (), started: float) -> int:
     from csrun.program.schedules import build_schedule
 
     rc = params.runconfig
@@ -331,10 +345,12 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         return start
     if start:
         loader.skip(start * accum)
+    schedule = build_schedule(settings.learning_rate)
+    _say_schedule_end(schedule, start, target)
     scalars = Scalars(folder)
     losses = LossLog(model_dir, start) if rc.save_losses else None
     last_saved = None
-    if rc.save_initial_checkpoint and start == 0:
+    if rc.save_initial_checkpoint and start == 0 and not (rc.compile_only or rc.validate_only):
         st = dict(cbtorch.get_state())
         st["lr_scheduler"] = {"global_step": 0}
         st["data_position"] = 0
@@ -349,7 +365,7 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
             model=model, optimizer=optimizer, loader=loader, model_dir=model_dir, start_step=start,
             target_step=target, batch_size=params.train_input.batch_size, grad_accum_steps=accum,
             log_steps=rc.log_steps, checkpoint_steps=rc.checkpoint_steps,
-            check_loss_values=rc.check_loss_values, schedule=build_schedule(settings.learning_rate),
+            check_loss_values=rc.check_loss_values, schedule=schedule,
             scalars=scalars, losses=losses, progress=progress, preemption=preemption, log=_say,
             on_cpu=path.kind == "cpu", last_saved=last_saved, keep_checkpoint_max=rc.keep_checkpoint_max,
             keep_steps=keep_steps))
@@ -365,20 +381,45 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         total_samples=result.samples, total_time=result.total_time, batch_size=params.train_input.batch_size,
         stats=result.stats, compile_info=_compile_info(), path=path.kind, mode="train", global_step=result.step))
     _say(MSG_TRAIN_DONE)
-    _say(f"TensorBoard logs: {folder} (tensorboard --logdir {model_dir})")
+    newest = max(list_checkpoints(model_dir), default=None)
+    _summarize(make_summary(mode="train", started=started, start_step=start, end_step=result.step,
+                            samples=result.samples, total_time=result.total_time, final_loss=result.final_loss,
+                            last_checkpoint=newest[1] if newest else None, tensorboard_dir=folder, model_dir=model_dir))
     return result.step
+
+
+def _say_schedule_end(schedule: Callable[[int], float], start: int, target: int) -> None:
+    """One warning when the learning rate reaches 0 before the last step (the steps after it would
+    train nothing, without a word). Schedules stay at 0 once there: the first such step is found
+    by bisection."""
+    if target <= start or schedule(target - 1) != 0 or schedule(start) == 0:
+        return
+    low, high = start, target - 1  # schedule(low) > 0, schedule(high) == 0
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if schedule(mid) == 0 else (mid, high)
+    log.warning("the learning-rate schedule reaches 0 at step %d: steps %d-%d train at lr 0, changing nothing "
+                "(lengthen the schedule's decay_steps, or lower --max_steps)", high + 1, high + 1, target)
+
+
+def _summarize(summary: RunSummary) -> None:
+    """Print the run's summary block and write its ``summary.json`` (:mod:`csrun.run.summary`)."""
+    write_summary(summary)
+    flush_console()
+    stamp = time_prefix(sys.stdout)
+    print("\n".join(f"{stamp}{line}" for line in render(summary)), flush=True)
 
 
 def _eval(params: Params, path: cli_args.RunPath, model: torch.nn.Module, model_dir: Path, step: int,
           eval_input_fn: Callable[[Params], Any] | None,
-          eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> None:
+          eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None, started: float) -> None:
     """Evaluate the weights as they are (loaded, or just trained) at global step ``step``."""
-    _evaluate(params, path, model, model_dir, [loops.EvalPass(step=step)], eval_input_fn, eval_metrics)
+    _evaluate(params, path, model, model_dir, [loops.EvalPass(step=step)], eval_input_fn, eval_metrics, started)
 
 
 def _eval_all(params: Params, path: cli_args.RunPath, model: torch.nn.Module, model_dir: Path,
               eval_input_fn: Callable[[Params], Any] | None,
-              eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> None:
+              eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None, started: float) -> None:
     """``--mode eval_all``: every checkpoint in model_dir, oldest first, in one eval session (on the
     device: one compile; each checkpoint's weights loaded between passes); one TensorBoard point
     per checkpoint at its global step. A checkpoint that does not verify is reported and skipped."""
@@ -406,7 +447,7 @@ def _eval_all(params: Params, path: cli_args.RunPath, model: torch.nn.Module, mo
         return load
 
     passes = [loops.EvalPass(step=st, load=loader_of(ckpt)) for st, ckpt in found]
-    results = _evaluate(params, path, model, model_dir, passes, eval_input_fn, eval_metrics)
+    results = _evaluate(params, path, model, model_dir, passes, eval_input_fn, eval_metrics, started)
     if not results:
         raise CheckpointError(f"--mode eval_all: no valid checkpoint in {model_dir}: " + "; ".join(skipped))
     _say(f"eval_all: evaluated {len(results)} checkpoint(s)"
@@ -415,7 +456,8 @@ def _eval_all(params: Params, path: cli_args.RunPath, model: torch.nn.Module, mo
 
 def _evaluate(params: Params, path: cli_args.RunPath, model: torch.nn.Module, model_dir: Path,
               passes: list[loops.EvalPass], eval_input_fn: Callable[[Params], Any] | None,
-              eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None) -> list[loops.EvalResult]:
+              eval_metrics: Callable[[dict[str, float]], dict[str, float]] | None,
+              started: float) -> list[loops.EvalResult]:
     """One eval session over ``passes``; each pass's loss and metrics logged and written to eval/ at its step."""
     rc = params.runconfig
     if params.eval_input is None:
@@ -448,5 +490,9 @@ def _evaluate(params: Params, path: cli_args.RunPath, model: torch.nn.Module, mo
             path=path.kind, mode=rc.mode, global_step=results[-1].step))
     if results:
         _say(MSG_EVAL_DONE)
-        _say(f"TensorBoard logs: {folder} (tensorboard --logdir {model_dir})")
+        last = results[-1]
+        _summarize(make_summary(mode="eval_all" if rc.mode == "eval_all" else "eval", started=started,
+                                start_step=results[0].step, end_step=last.step, samples=sum(r.samples for r in results),
+                                total_time=sum(r.total_time for r in results), final_loss=last.means.get("loss"),
+                                last_checkpoint=None, tensorboard_dir=folder, model_dir=model_dir))
     return results

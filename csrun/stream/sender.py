@@ -46,6 +46,7 @@ from collections import deque
 from typing import Any
 
 from csrun.stream.errors import BatchError
+from csrun.task_exits import last_word
 from csrun.stream.refill import REFILL_WATCH, check_untouched, sent_in_place
 from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END, BatchSource
@@ -190,6 +191,7 @@ def _fail(comm: Any, chief: int, rank: int, node: str, sent: int, exc: Exception
     lines = str(exc).strip().splitlines()
     last = f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
     text = traceback.format_exc()
+    last_word(1, rank, node, f"its input pipeline failed: {last}")  # this task's failure is the job's, whoever aborts it
     sys.stderr.write(f"csrun: streamer rank {rank} (node {node}) failed in its input pipeline:\n{text}")
     sys.stderr.flush()
     doc = {"rank": rank, "node": node, "error": last[:_MAX_TEXT], "traceback": text[-_MAX_TEXT:]}

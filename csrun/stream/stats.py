@@ -158,10 +158,11 @@ def report_table(stats: StreamStats) -> Any:
 
 
 def print_report(stats: StreamStats, console: Any = None) -> None:
-    """Print the table and the input-bound verdict (to stderr unless a rich console is given)."""
+    """Print the table and the input-bound verdict (on stdout, with the run's other lines, unless a
+    rich console is given)."""
     from csrun.consoles import console as log_console
 
     if console is None:
-        console = log_console(stderr=True)  # off a terminal: not folded at 80 columns
+        console = log_console()  # off a terminal: not folded at 80 columns
     console.print(report_table(stats))
     console.print(stats.advice())

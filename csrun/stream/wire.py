@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from csrun.env_settings import env_settings
+from csrun.task_exits import last_word
 from csrun.cluster import cluster_info
 from csrun.stream import arrivals
 
@@ -163,9 +164,12 @@ def _sign_in_on_the_board() -> arrivals.Board | None:
     return board
 
 
-def abort_after_output(comm: Any) -> None:
+def abort_after_output(comm: Any, cause: str = "") -> None:
     """``MPI_Abort`` (exit status 1) on ``comm``, once stdout and stderr are flushed and read by the
-    launcher (:func:`wait_until_output_read`): every abort site's last words reach the console."""
+    launcher (:func:`wait_until_output_read`): every abort site's last words reach the console,
+    and the launcher learns this task's end from it (:func:`csrun.task_exits.last_word`)."""
+    info = cluster_info()
+    last_word(1, info.rank, info.node_name, cause)
     sys.stdout.flush()
     sys.stderr.flush()
     wait_until_output_read()

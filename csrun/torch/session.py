@@ -52,7 +52,7 @@ def abort_job(message: str) -> NoReturn:
     """Print ``csrun: error: message`` on stderr and abort every task of the job (exit status 1)."""
     sys.stdout.flush()
     sys.stderr.write(f"csrun: error: {message}\n")
-    abort_after_output(comm())
+    abort_after_output(comm(), message)
     raise SystemExit(1)  # MPI_Abort does not return; should it, this task still ends
 
 
@@ -103,9 +103,8 @@ class Session:
             except Exception as exc:  # noqa: BLE001 - the streamers wait for START: end the whole job
                 abort_job(f"the session could not start streaming: {type(exc).__name__}: {exc}")
             self._receiver = receiver
-            sys.stderr.write(f"csrun: streaming from {st.info.num_streamers} streamer(s): "
-                             f"{receiver.describe()}\n")
-            sys.stderr.flush()
+            print(f"csrun: streaming from {st.info.num_streamers} streamer(s): {receiver.describe()}",
+                  flush=True)  # the run's story is on stdout
             self.dataloader.attach(receiver)
         st.session = self
         return self

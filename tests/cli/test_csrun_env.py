@@ -19,7 +19,7 @@ def test_json_report_parses_and_names_netmod_mpi_and_site(slurm_env: dict[str, s
     done = _csrun("env", "--json", env=slurm_env)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert set(report) == {"csrun", "packages", "mpi", "slurm", "site", "gpu", "environment"}
+    assert set(report) == {"csrun", "packages", "mpi", "slurm", "site", "settings", "gpu", "environment"}
     assert report["csrun"]["version"] == csrun.__version__
     assert report["mpi"]["netmod"].startswith("ofi")
     assert report["mpi"]["FI_PROVIDER"].startswith("tcp")
@@ -44,7 +44,7 @@ def test_a_chosen_netmod_and_site_overrides_are_reported(no_slurm_env: dict[str,
 def test_text_report_has_every_section(no_slurm_env: dict[str, str]) -> None:
     done = _csrun("env", env=no_slurm_env)
     assert done.returncode == 0
-    for section in ("[csrun]", "[packages]", "[mpi]", "[slurm]", "[site]", "[gpu]", "[environment]"):
+    for section in ("[csrun]", "[packages]", "[mpi]", "[slurm]", "[site]", "[settings]", "[gpu]", "[environment]"):
         assert section in done.stdout
 
 

@@ -26,9 +26,16 @@ def test_help_reads_the_same_everywhere(no_slurm_env: dict[str, str], argv: list
     done = _run(argv, no_slurm_env, "--help")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"usage: {prog} ") and lines[1] == "" and lines[2] and lines[3] == "", lines[:4]
-    assert lines[4].startswith("options (") and lines[4].endswith("):"), lines[4]
-    options = lines[5:lines.index("  -h, --help  show this help and exit") + 1]
+    title = next(i for i, line in enumerate(lines) if line.startswith("options ("))
+    assert lines[0].startswith(f"usage: {prog} ") and lines[1] == "" and lines[2] and lines[title - 1] == "", lines[:title]
+    assert "" not in lines[2:title - 1] and lines[title].endswith("):"), lines[:title + 1]
+    entries: list[str] = []  # one per option: its wrapped lines (indented six) joined to it
+    for line in lines[title + 1:lines.index("  -h, --help  show this help and exit") + 1]:
+        if line.startswith("      ") and entries:
+            entries[-1] += " " + line.strip()
+        else:
+            entries.append(line)
+    options = entries
     assert len(options) >= 2, done.stdout
     for line in options:
         assert re.match(r"^  -{1,2}\w", line), f"one option per line, indented two: {line!r}"

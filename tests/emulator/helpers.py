@@ -3,14 +3,18 @@ tests/tiny_models.py's)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from csrun.compiler.spec import LossScalingSpec, OptimizerSpec, ProgramSpec, TensorSpec
 from csrun.emulator.engine.executor import Engine
+from csrun.emulator.remote.guard import GuardLimits
+from csrun.emulator.remote.server import EmulatorServer
+from csrun.program.archive import import_reader
 
 
 def make_spec(**spec_kw: Any) -> ProgramSpec:
@@ -101,3 +105,20 @@ def adamw_no_bias_correction_per_tensor(params: list[torch.Tensor], state: dict[
             p.addcdiv_(m, v.sqrt().add_(eps), value=-lr)
             if wd != 0:
                 p.add_(p, alpha=-lr * wd)
+
+
+@contextlib.contextmanager
+def serve(*, token: str, tls: Any = None, **guard: Any) -> Iterator[EmulatorServer]:
+    """A server on a free loopback port with the given connection limits (``GuardLimits`` keywords)."""
+    import_reader()  # before the warm-up thread imports it (see tests/emulator/conftest.py)
+    srv = EmulatorServer(token=token, port=0, connection_limits=GuardLimits(**guard), tls=tls)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+
+
+def addr(srv: EmulatorServer) -> str:
+    """``127.0.0.1:<port>`` of a server from :func:`serve`."""
+    return f"127.0.0.1:{srv.address[1]}"

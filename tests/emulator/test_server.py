@@ -57,9 +57,15 @@ def test_wrong_token_is_refused(server: EmulatorServer, program: tuple) -> None:
 
 
 def test_second_client_is_told_busy(server: EmulatorServer, program: tuple) -> None:
+    """It waits in the queue (tests/emulator/test_server_queue.py) and, over its queue timeout, is told why."""
     with RemoteDevice(addr(server), TOKEN, "job-41", connect_timeout=5):
-        with pytest.raises(SystemBusy, match=r"system busy: in use by job job-41 since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"):
-            RemoteDevice(addr(server), TOKEN, "job-42", connect_timeout=5)
+        with pytest.raises(SystemBusy, match=rf"^cs_emulator at {addr(server)} is still busy with job job-41: this job "
+                                             r"waited 0.3 s in its queue and was at position 1; CSRUN_QUEUE_TIMEOUT"):
+            RemoteDevice(addr(server), TOKEN, "job-42", connect_timeout=5, queue_timeout=0.3)
+        deadline = time.monotonic() + 10
+        while server.queued and time.monotonic() < deadline:  # its bye is on the way
+            time.sleep(0.01)
+        assert server.queued == []
     train_ok(server, program)
 
 

@@ -29,12 +29,12 @@ from csrun.emulator.remote import handshake, wire
 from csrun.cli.cs_emulator import main as cli_main
 from csrun.emulator.remote.client import RemoteDevice
 from csrun.emulator.remote.errors import AuthenticationFailed, SystemBusy, SystemUnreachable, TooManyConnections, VersionMismatch
-from csrun.emulator.remote.guard import GuardLimits
 from csrun.emulator.remote.server import EmulatorServer
 from csrun.emulator.remote.tls import ClientTLS, client_context, server_context
 
 from tests.tiny_models import MLP, mlp_batches
-from .helpers import make_program, raw_hello
+from . import helpers
+from .helpers import addr, make_program, raw_hello
 
 TOKEN = "hardening-Zq8v3Xk1-token-7Rp2Lm"
 REPO = Path(__file__).resolve().parents[2]
@@ -47,19 +47,9 @@ def program() -> tuple:
     return ep, spec, batches
 
 
-@contextlib.contextmanager
-def serve(*, tls: Any = None, token: str = TOKEN, **guard: Any) -> Iterator[EmulatorServer]:
-    """A server on a free loopback port with the given connection limits."""
-    srv = EmulatorServer(token=token, port=0, connection_limits=GuardLimits(**guard), tls=tls)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-
-
-def addr(srv: EmulatorServer) -> str:
-    return f"127.0.0.1:{srv.address[1]}"
+def serve(*, token: str = TOKEN, tls: Any = None, **guard: Any) -> contextlib.AbstractContextManager[EmulatorServer]:
+    """A server on a free loopback port with this file's token and the given connection limits."""
+    return helpers.serve(token=token, tls=tls, **guard)
 
 
 def train(address: str, program: tuple, job: str, **kw: Any) -> list[float]:
@@ -448,7 +438,8 @@ def test_cli_warns_about_plaintext_on_a_public_address(tmp_path: Path) -> None:
 
 
 def test_busy_is_still_busy(program: tuple) -> None:
-    with serve() as srv:
+    with serve(max_queued=0) as srv:  # no queue (tests/emulator/test_server_queue.py): refused at once
         with RemoteDevice(addr(srv), TOKEN, "first", connect_timeout=5):
-            with pytest.raises(SystemBusy, match=rf"system busy: in use by job first since .* \(the system at {addr(srv)}\)"):
+            with pytest.raises(SystemBusy, match=rf"system busy: in use by job first since .*, and this system queues "
+                                                 rf"no jobs .* \(the system at {addr(srv)}\)"):
                 RemoteDevice(addr(srv), TOKEN, "second", connect_timeout=5)

@@ -33,7 +33,7 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_cpu_dry_run_prints_running_line(fake_slurm: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert csrun_cpu.main(["--dry-run", "python-pt", "run.py"]) == 0
     out = capsys.readouterr().out
-    assert out.strip() == "Running: srun --nodes=1 --ntasks=1 --exclusive --cpus-per-task=1 --exclude=cs-chief python-pt run.py"
+    assert out.strip() == "Running: srun --job-name=csrun_cpu:run.py --nodes=1 --ntasks=1 --exclusive --cpus-per-task=1 --exclude=cs-chief python-pt run.py"
 
 
 def test_cpu_exclude_gres_false_and_mount_dirs(fake_slurm: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,7 +45,7 @@ def test_wse_dry_run_legacy_example(fake_slurm: Path, capsys: pytest.CaptureFixt
     code = csrun_wse.main(["--total-nodes=5", "--single_task_nodes", "2", "--tasks-per-node", "4", "--dry-run", "python-pt", "run.py"])
     assert code == 0
     out = capsys.readouterr().out
-    assert out.startswith("Launching: srun --unbuffered --kill-on-bad-exit --mpi=pmi2 --nodes=1 --tasks-per-node=1")
+    assert out.startswith("Launching: srun --unbuffered --kill-on-bad-exit --quit-on-interrupt --mpi=pmi2 --job-name=csrun_wse:run.py --nodes=1 --tasks-per-node=1")
     assert out.count(" : ") == 2
 
 

@@ -69,7 +69,8 @@ def test_a_local_job_listens_on_loopback_only(no_slurm_env: dict[str, str], tmp_
     done = subprocess.run([str(BIN / "csrun_wse"), "--total-nodes", "3", sys.executable, "-c", LISTENING],
                           env=no_slurm_env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("MPI-LISTENS")]
+    said = [line.split("] ", 1)[-1] if line.startswith("[rank ") else line for line in done.stdout.splitlines()]
+    lines = [line.split()[1:] for line in said if line.startswith("MPI-LISTENS")]  # streamers' lines: "[rank N] ..."
     assert len(lines) == 3
     addresses = [a for line in lines for a in line]
     assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), addresses

@@ -10,25 +10,27 @@ import pytest
 
 from csrun.launch.hetjob import hetjob_script
 from csrun.launch.layout import wse_layout
-from csrun.launch.srun import cpu_srun_argv, mpiexec_argv, wse_srun_argv
+from csrun.launch.srun import cpu_srun_argv, job_name, mpiexec_argv, wse_srun_argv
 from csrun.site import SiteConfig
 
 GOLDEN = Path(__file__).parent / "golden"
 SITE = SiteConfig(gres_node="cs-chief", gres_resource="cs:1", def_cpus_per_task=2)
 SITE_PARTITION = SiteConfig(gres_node="cs-chief", gres_resource="cs:1", partition="wse", account="proj1")
 CMD = ["python-pt", "run.py", "--mode", "train", "--params", "configs/fc_mnist.yaml"]
+CPU_NAME = job_name("csrun_cpu", CMD)
+WSE_NAME = job_name("csrun_wse", CMD)
 
 CASES = {
-    "cpu_exclude_gres": lambda: cpu_srun_argv(CMD, SITE, exclude_gres=True, pty=False),
-    "cpu_pty_no_exclude": lambda: cpu_srun_argv(CMD, SITE, exclude_gres=False, pty=True),
-    "cpu_partition_account": lambda: cpu_srun_argv(CMD, SITE_PARTITION, exclude_gres=True, pty=False),
-    "wse_1_node": lambda: wse_srun_argv(CMD, wse_layout(nodes=1, tasks_per_node=4, cpus_per_task=2, single_task_nodes=0, cyclic=False), SITE),
-    "wse_3_nodes": lambda: wse_srun_argv(CMD, wse_layout(nodes=3, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE),
-    "wse_3_nodes_cyclic_partition": lambda: wse_srun_argv(CMD, wse_layout(nodes=3, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=True), SITE_PARTITION),
-    "wse_5_nodes_2_single_4_per_node": lambda: wse_srun_argv(CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False), SITE),
-    "wse_4_nodes_2_single_2_per_node_cyclic": lambda: wse_srun_argv(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE),
-    "hetjob_4_nodes_2_single_2_per_node_cyclic": lambda: hetjob_script(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE_PARTITION, job_name="csrun_wse", log_dir=Path("/logs"), time="01:00:00", cwd="/work"),
-    "hetjob_3_nodes_preemptible": lambda: hetjob_script(CMD, wse_layout(nodes=3, tasks_per_node=1, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, job_name="csrun_wse", log_dir=Path("/logs"), time="60", cwd="/work", preempt_lead=90),
+    "cpu_exclude_gres": lambda: cpu_srun_argv(CMD, SITE, exclude_gres=True, pty=False, name=CPU_NAME),
+    "cpu_pty_no_exclude": lambda: cpu_srun_argv(CMD, SITE, exclude_gres=False, pty=True, name=CPU_NAME),
+    "cpu_partition_account": lambda: cpu_srun_argv(CMD, SITE_PARTITION, exclude_gres=True, pty=False, name=CPU_NAME),
+    "wse_1_node": lambda: wse_srun_argv(CMD, wse_layout(nodes=1, tasks_per_node=4, cpus_per_task=2, single_task_nodes=0, cyclic=False), SITE, name=WSE_NAME),
+    "wse_3_nodes": lambda: wse_srun_argv(CMD, wse_layout(nodes=3, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, name=WSE_NAME),
+    "wse_3_nodes_cyclic_partition": lambda: wse_srun_argv(CMD, wse_layout(nodes=3, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=True), SITE_PARTITION, name=WSE_NAME),
+    "wse_5_nodes_2_single_4_per_node": lambda: wse_srun_argv(CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False), SITE, name=WSE_NAME),
+    "wse_4_nodes_2_single_2_per_node_cyclic": lambda: wse_srun_argv(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE, name=WSE_NAME),
+    "hetjob_4_nodes_2_single_2_per_node_cyclic": lambda: hetjob_script(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE_PARTITION, job_name=WSE_NAME, log_dir=Path("/logs"), time="01:00:00", cwd="/work"),
+    "hetjob_3_nodes_preemptible": lambda: hetjob_script(CMD, wse_layout(nodes=3, tasks_per_node=1, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, job_name=WSE_NAME, log_dir=Path("/logs"), time="60", cwd="/work", preempt_lead=90),
     "hetjob_1_node": lambda: hetjob_script(CMD, wse_layout(nodes=1, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, job_name="j", log_dir=Path("/logs"), time="", cwd="/work"),
     "mpiexec_5_nodes_2_single_4_per_node": lambda: mpiexec_argv("mpiexec", CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False)),
 }
@@ -52,4 +54,4 @@ def test_legacy_example_has_14_tasks_and_gres_only_on_component_0() -> None:
     components = " ".join(line).split(" : ")
     assert len(components) == 3
     assert "--gres=cs:1" in components[0] and all("--gres" not in c for c in components[1:])
-    assert line.count("--mpi=pmi2") == 1 and line[:4] == ["srun", "--unbuffered", "--kill-on-bad-exit", "--mpi=pmi2"]
+    assert line.count("--mpi=pmi2") == 1 and line[:5] == ["srun", "--unbuffered", "--kill-on-bad-exit", "--quit-on-interrupt", "--mpi=pmi2"]

@@ -18,15 +18,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
 WSE = [str(BIN / "csrun_wse"), "--total-nodes", "3", "--tasks-per-node", "1", str(BIN / "python-pt")]
 
 
-def streamed_by_two(stderr: str) -> None:
-    assert "csrun: streaming from 2 streamer(s)" in stderr
-    assert "streamer 1 │ cs-w1" in stderr and "streamer 2 │ cs-w2" in stderr
+def streamed_by_two(stdout: str) -> None:
+    assert "csrun: streaming from 2 streamer(s)" in stdout
+    assert "streamer 1 │ cs-w1" in stdout and "streamer 2 │ cs-w2" in stdout
 
 
 def test_slide_train_streams_from_two_workers(slurm_env: dict[str, str], tmp_path: Path) -> None:
     done = run([*WSE, str(SLIDE_TRAIN), "CSX", str(tmp_path / "losses.txt")], tmp_path,
                SLURM_CONF=slurm_env["SLURM_CONF"])
-    streamed_by_two(done.stderr)
+    streamed_by_two(done.stdout)
     assert "Compile for training completed successfully!" in done.stdout
     losses, eager = read_losses(tmp_path / "losses.txt"), eager_slide_train(streamers=2)
     assert len(losses) == len(eager) == 30
@@ -39,7 +39,7 @@ def test_skeleton_streams_to_the_jobs_cs_emulator_and_checkpoints(slurm_env: dic
     done = run([WSE[0], "--emulator", *WSE[1:], str(SLIDE_SKELETON), "CSX", str(out), "0"], tmp_path,
                SLURM_CONF=slurm_env["SLURM_CONF"])
     assert "csrun_wse: emulator for this job at 127.0.0.1:" in done.stderr
-    streamed_by_two(done.stderr)
+    streamed_by_two(done.stdout)
     eager, _ = eager_skeleton(100, streamers=2)
     losses = read_losses(out / "losses.txt")
     assert len(losses) == 1000 and max(abs(a - b) for a, b in zip(losses[:100], eager)) <= 1e-6

@@ -105,7 +105,7 @@ def test_eval_all_with_two_streamers_on_the_embedded_emulator(fc_mnist: Run, tmp
                                str(DEBUG_YAML), "-m", mode, "-o", str(out), "--cs_ip", "embedded", "--eval_steps", "3",
                                *flags], env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=200)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert "streaming from 2 streamer(s)" in done.stderr
+        assert "streaming from 2 streamer(s)" in done.stdout
         return done.stdout
 
     out = streamed(md, "eval_all")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import torch
@@ -21,9 +22,11 @@ def test_plain_progress_prints_log_lines_only() -> None:
     out = io.StringIO()
     p = Progress(start=0, total=10, stream=out)
     p.step(1, 2.0, 100.0)
-    p.log(log_line(5, 10, 1.5, 0.01, 1234.5))
-    p.close()
-    assert out.getvalue() == "| Train: step 5/10, loss 1.5, lr 0.01, 1234.5 samples/s\n"
+    p.log(log_line(5, 10, 1.5, 0.01, 1234.5, elapsed=75.4, eta=3725))
+    p.close()  # off a terminal: the time of day first
+    stamp, line = out.getvalue()[:20], out.getvalue()[20:]
+    assert time.strptime(stamp, "%Y-%m-%d %H:%M:%S ")
+    assert line == "| Train: step 5/10, loss 1.5, lr 0.01, 1234.5 samples/s, 0:01:15 elapsed, ETA 1:02:05\n"
 
 
 def test_terminal_progress_draws_a_bar() -> None:

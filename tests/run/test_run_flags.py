@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -123,8 +124,12 @@ def test_a_models_own_flags_reach_model_fn(tmp_path: Path, monkeypatch: pytest.M
 
 def test_log_lines_name_the_task(fc_mnist: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert fc_mnist("-p", str(DEBUG_YAML), "-m", "train", "-o", str(tmp_path / "md"), "--cpu", "--max_steps", "20") == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("INFO")]
-    assert lines and all(line.startswith("INFO [chief 0 @ ") for line in lines), lines
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if " INFO " in f" {line}"]
+    assert lines and all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO \[chief 0 @ ", line) for line in lines), lines
+    steps = [line for line in out if "| Train: step" in line]  # off a terminal: the time, elapsed and ETA
+    assert steps and all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| Train: step \d+/20, .*, \d:\d\d:\d\d elapsed, "
+                                  r"ETA \d:\d\d:\d\d$", line) for line in steps), steps
 
 
 def test_a_fresh_run_into_a_used_model_dir_is_refused(fc_mnist: Run, tmp_path: Path,
@@ -138,11 +143,28 @@ def test_a_fresh_run_into_a_used_model_dir_is_refused(fc_mnist: Run, tmp_path: P
     assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--max_steps", "40") == 2
     err = capsys.readouterr().err
     assert "holds an earlier run's checkpoints (up to checkpoint_60.mdl)" in err and "--resume" in err
-    assert "Traceback" not in err
+    assert "start over with --start_over" in err and "Traceback" not in err
     assert {p.name: p.read_bytes() for p in md.rglob("*") if p.is_file()} == before
     assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--resume", "--max_steps", "80") == 0
     assert checkpoints(md) == ["checkpoint_60.mdl", "checkpoint_60.mdl.sha256", "checkpoint_80.mdl",
                                "checkpoint_80.mdl.sha256"]  # 60: the resume's start, kept
+
+
+def test_start_over_sets_the_earlier_run_aside_and_trains_from_0(fc_mnist: Run, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    md = tmp_path / "md"
+    params = write_yaml(tmp_path / "p.yaml", max_steps=40, checkpoint_steps=20)
+    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu") == 0
+    earlier = {p.relative_to(md).as_posix(): p.read_bytes() for p in md.rglob("*") if p.is_file()
+               and not p.relative_to(md).as_posix().startswith("cs_")}
+    capsys.readouterr()
+    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--resume", "--start_over") == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert fc_mnist("-p", str(params), "-m", "train", "-o", str(md), "--cpu", "--start-over", "--max_steps", "20") == 0
+    [aside] = list(md.glob("previous_run_*"))
+    assert "--start_over: the earlier run's checkpoints, losses and summaries moved into" in capsys.readouterr().out
+    assert {p.relative_to(aside).as_posix(): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
+    assert checkpoints(md) == ["checkpoint_20.mdl", "checkpoint_20.mdl.sha256"]  # the new run's only
 
 
 @pytest.mark.parametrize("mode, extra, says", [

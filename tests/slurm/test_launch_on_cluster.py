@@ -30,7 +30,7 @@ def wse(options: list[str], out: Path, env: dict[str, str], *probe_args: str) ->
 def test_csrun_cpu_runs_on_one_exclusive_node_off_the_gres_node(slurm_env: dict[str, str], tmp_path: Path) -> None:
     done = launch([str(BIN / "csrun_cpu"), str(BIN / "python-pt"), str(PROBE), str(tmp_path)], slurm_env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("Running: srun --nodes=1 --ntasks=1 --exclusive --cpus-per-task=1 --exclude=cs-chief ")
+    assert done.stdout.startswith("Running: srun --job-name=csrun_cpu:task_probe.py --nodes=1 --ntasks=1 --exclusive --cpus-per-task=1 --exclude=cs-chief ")
     probes = read_probes(tmp_path)
     assert list(probes) == [0]
     rec = probes[0]
@@ -58,7 +58,7 @@ def check_world(probes: dict[int, dict], tasks: int) -> None:
 def test_one_node(slurm_env: dict[str, str], tmp_path: Path) -> None:
     done = wse(["--total-nodes", "1", "--tasks-per-node", "2"], tmp_path, slurm_env)
     assert done.returncode == 0, done.stderr
-    assert "Launching: srun --unbuffered --kill-on-bad-exit --mpi=pmi2 --exclusive --nodes=1 --tasks-per-node=2" in done.stdout
+    assert "Launching: srun --unbuffered --kill-on-bad-exit --quit-on-interrupt --mpi=pmi2 --job-name=csrun_wse:task_probe.py --exclusive --nodes=1 --tasks-per-node=2" in done.stdout
     probes = read_probes(tmp_path)
     check_world(probes, 2)
     assert {r["node"] for r in probes.values()} == {GRES_NODE}

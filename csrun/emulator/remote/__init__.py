@@ -3,7 +3,7 @@
 - client side: :mod:`~csrun.emulator.remote.client` (:class:`RemoteDevice`, the
   :class:`~csrun.emulator.device.Device` over the link), :mod:`~csrun.emulator.remote.connect`
   (TCP with retries, TLS, the hello), :mod:`~csrun.emulator.remote.keepalive`;
-- server side: :mod:`~csrun.emulator.remote.server` (one authenticated client at a time),
+- server side: :mod:`~csrun.emulator.remote.server` (one authenticated client at a time, a queue for the rest),
   :mod:`~csrun.emulator.remote.session` (one client's requests on a fresh embedded device),
   :mod:`~csrun.emulator.remote.guard` (connection limits), :mod:`~csrun.emulator.remote.server_warmup`;
 - shared: :mod:`~csrun.emulator.remote.wire` (frames), :mod:`~csrun.emulator.remote.handshake`

@@ -5,7 +5,8 @@ pipelined: ``submit`` sends the batch at once and returns a handle; a reader thr
 handles as results arrive. Up to ``queue_depth`` steps are in flight.
 
 The link is opened by :mod:`csrun.emulator.remote.connect` (TLS when ``CSRUN_EMULATOR_CA`` is set, see
-:mod:`csrun.emulator.remote.tls`; the token is proven, never sent). While it is open, a keep-alive thread
+:mod:`csrun.emulator.remote.tls`; the token is proven, never sent); a system busy with another job
+is waited for in its queue, up to ``CSRUN_QUEUE_TIMEOUT``, with one line per queue position. While it is open, a keep-alive thread
 (:mod:`csrun.emulator.remote.keepalive`) pings when the job is quiet, so only a process stopped as a
 whole outlives the server's idle limit; such a job, when it wakes, gets one line saying that the
 system was taken back (:class:`~csrun.emulator.errors.SystemReclaimed`).
@@ -64,14 +65,17 @@ class RemoteDevice(Device):
         *,
         queue_depth: int = 2,
         connect_timeout: float = 30.0,
+        queue_timeout: float | None = None,
         limits: wire.Limits = wire.Limits(),
         tls: ClientTLS | None = None,
     ) -> None:
-        """Connect (retrying for up to ``connect_timeout`` seconds) and authenticate.
+        """Connect (retrying for up to ``connect_timeout`` seconds) and authenticate; a system busy
+        with another job is waited for in its queue for up to ``queue_timeout`` seconds (None:
+        ``CSRUN_QUEUE_TIMEOUT``), one logged line per position (:mod:`csrun.emulator.remote.connect`).
 
         ``tls``: how to wrap the connection; None reads ``CSRUN_EMULATOR_CA`` (plain TCP when unset).
         Raises :class:`SystemUnreachable`, :class:`AuthenticationFailed`, :class:`SystemBusy`
-        (:class:`TooManyConnections` among them) or :class:`VersionMismatch`.
+        (:class:`TooManyConnections` and :class:`QueueTimeout` among them) or :class:`VersionMismatch`.
         """
         if not isinstance(queue_depth, int) or queue_depth < 1:
             raise UserError(f"queue_depth must be a positive integer, got {queue_depth!r}")
@@ -79,7 +83,7 @@ class RemoteDevice(Device):
         self.limits = limits
         self.queue_depth = queue_depth
         link = open_link(self.host, self.port, token, str(job_id), timeout=connect_timeout,
-                         tls=tls if tls is not None else client_tls_from_env())
+                         tls=tls if tls is not None else client_tls_from_env(), wait=queue_timeout)
         self._sock = link.sock
         self.idle_limit = link.idle_limit
         """The server's idle limit in seconds (0: none); the keep-alives stay well inside it."""

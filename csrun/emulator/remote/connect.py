@@ -2,8 +2,18 @@
 
 :func:`open_link` retries while nobody listens yet and while the server answers "too many
 connections", for up to ``timeout`` seconds; every other refusal is final and says what to do:
-a wrong token, a busy system, another protocol version, a certificate the CA file does not
-trust, a server that cannot prove it holds the token. Every message names the server's address.
+a wrong token, a busy system whose queue is full, another protocol version, a certificate the CA
+file does not trust, a server that cannot prove it holds the token. Every message names the
+server's address.
+
+A system busy with another job queues this one (the hello asks for it, see
+:mod:`csrun.emulator.remote.handshake`): the client logs one warning per position it is told
+(``cs_emulator at HOST:PORT is busy with job J; queued at position 2``, logger
+``csrun.emulator.remote.client``), pings inside the server's idle limit, and sleeps in ``select``
+until its turn. It waits up to ``queue_timeout`` seconds (:func:`queue_timeout`,
+``CSRUN_QUEUE_TIMEOUT``, default 600; 0: not at all), then says ``bye`` and raises
+:class:`~csrun.emulator.remote.errors.QueueTimeout`, one line naming the busy job, its position
+and the variable to raise.
 
 How long to keep trying is :func:`connect_timeout` (``CSRUN_CONNECT_TIMEOUT`` seconds,
 :mod:`csrun.env_settings`): long enough for a server that is still starting, short enough
@@ -13,6 +23,9 @@ compiles, so a wrong address never waits for a compile.
 
 from __future__ import annotations
 
+import logging
+import math
+import select
 import socket
 import ssl
 import time
@@ -22,11 +35,23 @@ from typing import Any
 from csrun.env_settings import env_name, env_settings
 from csrun.address import Address
 from csrun.emulator.remote import handshake, wire
-from csrun.emulator.remote.errors import AuthenticationFailed, ProtocolError, SystemBusy, SystemUnreachable, TooManyConnections, VersionMismatch
+from csrun.emulator.remote.errors import (
+    AuthenticationFailed,
+    ProtocolError,
+    QueueTimeout,
+    SystemBusy,
+    SystemUnreachable,
+    TooManyConnections,
+    VersionMismatch,
+)
+from csrun.emulator.remote.keepalive import PING
 from csrun.emulator.remote.tls import CA_ENV, ClientTLS, describe
 from csrun.errors import UserError
 
 CONNECT_TIMEOUT_ENV = env_name("connect_timeout")
+QUEUE_TIMEOUT_ENV = env_name("queue_timeout")
+
+log = logging.getLogger("csrun.emulator.remote.client")
 
 HELLO_LIMITS = wire.Limits(max_header_bytes=16 << 10, max_tensors=0)
 """Frames of the hello are small and carry no tensors."""
@@ -54,15 +79,22 @@ def connect_timeout() -> float:
     return env_settings().connect_timeout
 
 
+def queue_timeout() -> float:
+    """``CSRUN_QUEUE_TIMEOUT``: seconds to wait in the queue of a busy system (:mod:`csrun.env_settings`)."""
+    return env_settings().queue_timeout
+
+
 def open_link(host: str, port: int, token: str, job_id: str, *, timeout: float,
-              tls: ClientTLS | None) -> OpenLink:
-    """Connect to ``host:port`` and authenticate as ``job_id``, retrying for up to ``timeout`` s."""
+              tls: ClientTLS | None, wait: float | None = None) -> OpenLink:
+    """Connect to ``host:port`` and authenticate as ``job_id``, retrying for up to ``timeout`` s;
+    a busy system's queue is waited in for up to ``wait`` s (None: :func:`queue_timeout`)."""
     where = str(Address(host, port))
     deadline = time.monotonic() + timeout
+    queue_wait = queue_timeout() if wait is None else wait
     delay = 0.05
     while True:
         try:
-            return _attempt(host, port, where, token.encode(), job_id, timeout, tls)
+            return _attempt(host, port, where, token.encode(), job_id, timeout, tls, queue_wait)
         except _Retry as retry:
             if time.monotonic() + delay > deadline:
                 raise retry.final from None
@@ -71,7 +103,7 @@ def open_link(host: str, port: int, token: str, job_id: str, *, timeout: float,
 
 
 def _attempt(host: str, port: int, where: str, token: bytes, job_id: str, timeout: float,
-             tls: ClientTLS | None) -> OpenLink:
+             tls: ClientTLS | None, queue_wait: float) -> OpenLink:
     try:
         raw = socket.create_connection((host, port), timeout=max(1.0, min(5.0, timeout)))
     except OSError:
@@ -84,7 +116,7 @@ def _attempt(host: str, port: int, where: str, token: bytes, job_id: str, timeou
         raw.settimeout(max(timeout, 10.0))
         if tls is not None:
             sock = _wrap(raw, host, where, tls)
-        link = _hello(sock, where, token, job_id, tls)
+        link = _hello(sock, where, token, job_id, tls, queue_wait)
         sock.settimeout(None)
         return link
     except BaseException:
@@ -135,13 +167,16 @@ def _refused(header: dict[str, Any], where: str) -> UserError | _Retry:
         return SystemBusy(f"{msg} (the system at {where})")
     if kind == "auth":
         return AuthenticationFailed(f"{msg} (the system at {where})")
+    if kind == "idle":  # dropped from the queue: this process was stopped while it waited
+        return SystemBusy(f"the system at {where} dropped this job from its queue: {msg}")
     if kind == "version":
         return VersionMismatch(f"the system at {where} refused this client's protocol version "
                                f"{wire.PROTOCOL_VERSION} ({msg}): use the same csrun version on both sides")
     return SystemUnreachable(f"the system at {where} refused the connection: {msg}")
 
 
-def _hello(sock: socket.socket, where: str, token: bytes, job_id: str, tls: ClientTLS | None) -> OpenLink:
+def _hello(sock: socket.socket, where: str, token: bytes, job_id: str, tls: ClientTLS | None,
+           queue_wait: float) -> OpenLink:
     greeting = _receive(sock, where, "before greeting this client", tls)
     if greeting.get("op") == "error":
         raise _refused(greeting, where)
@@ -162,13 +197,74 @@ def _hello(sock: socket.socket, where: str, token: bytes, job_id: str, tls: Clie
     except OSError as exc:
         raise SystemUnreachable(f"the system at {where} closed the connection during the hello ({exc})") from None
     answer = _receive(sock, where, "during the hello", tls)
+    expected = handshake.proof(token, "server", server_nonce, hello["nonce"], job_id)
+    if answer.get("op") == "queued":
+        answer = _wait_in_queue(sock, where, answer, expected, tls, queue_wait)
     if answer.get("op") == "error":
         refusal = _refused(answer, where)
         raise refusal.final if isinstance(refusal, _Retry) else refusal
-    expected = handshake.proof(token, "server", server_nonce, hello["nonce"], job_id)
     if answer.get("op") != "ok" or not handshake.proof_matches(expected, answer.get("proof")):
-        raise AuthenticationFailed(f"the system at {where} did not prove that it holds the token: it is not "
-                                   "the cs_emulator this token belongs to (check --cs_ip / CS_IP)")
+        raise _impostor(where)
     idle = answer.get("idle_limit", 0)
     idle_limit = float(idle) if isinstance(idle, (int, float)) and not isinstance(idle, bool) and idle > 0 else 0.0
     return OpenLink(sock, idle_limit)
+
+
+def _impostor(where: str) -> AuthenticationFailed:
+    return AuthenticationFailed(f"the system at {where} did not prove that it holds the token: it is not "
+                                "the cs_emulator this token belongs to (check --cs_ip / CS_IP)")
+
+
+def _number(value: Any, default: float) -> float:
+    """A finite non-negative number from a frame field, else ``default``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+    return float(value) if ok else default
+
+
+def _wait_in_queue(sock: socket.socket, where: str, queued: dict[str, Any], expected: str,
+                   tls: ClientTLS | None, wait: float) -> dict[str, Any]:
+    """Wait in the server's queue from its first ``queued`` frame for up to ``wait`` seconds,
+    pinging inside its idle limit; returns the frame that ends the wait (``ok`` or ``error``)."""
+    deadline = time.monotonic() + wait
+    position, busy_with, told = 0, "?", None
+    last_ping = time.monotonic()
+    while queued.get("op") == "queued":
+        if not handshake.proof_matches(expected, queued.get("proof")):
+            raise _impostor(where)  # never wait for a listener that cannot prove the token
+        position = int(_number(queued.get("position"), 0))
+        busy_with = str(queued.get("busy_with", "?"))
+        if position != told:
+            log.warning("cs_emulator at %s is busy with job %s; queued at position %d", where, busy_with, position)
+            told = position
+        idle = _number(queued.get("idle_limit"), 0.0)
+        interval = idle / 4 if idle else None
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                _say_bye(sock)
+                raise QueueTimeout(
+                    f"cs_emulator at {where} is still busy with job {busy_with}: this job waited {wait:g} s in its "
+                    f"queue and was at position {position}; {QUEUE_TIMEOUT_ENV} sets how long to wait")
+            timeout = deadline - now
+            if interval is not None:
+                timeout = min(timeout, max(0.0, last_ping + interval - now))
+            buffered = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
+            if buffered or select.select([sock], [], [], timeout)[0]:
+                queued = _receive(sock, where, "while this job was queued", tls)
+                break
+            if interval is not None and time.monotonic() >= last_ping + interval:
+                try:
+                    wire.send_frame(sock, PING)
+                except OSError as exc:
+                    raise SystemUnreachable(f"the system at {where} closed the connection while this job was "
+                                            f"queued ({exc})") from None
+                last_ping = time.monotonic()
+    return queued
+
+
+def _say_bye(sock: socket.socket) -> None:
+    """Leave the queue politely (the server drops a closed connection from it as well)."""
+    try:
+        wire.send_frame(sock, {"op": "bye"})
+    except OSError:
+        pass

@@ -1,5 +1,5 @@
-"""Errors of the link to ``cs_emulator``: a system that cannot be reached, is busy or refuses
-the token, a program it rejects, a weak secret, a frame that breaks the protocol.
+"""Errors of the link to ``cs_emulator``: a system that cannot be reached, is busy (its queue
+full, or this job's wait in it over), or refuses the token, a program it rejects, a weak secret, a frame that breaks the protocol.
 
 User-fixable problems derive from :class:`csrun.errors.UserError`.
 """
@@ -27,6 +27,10 @@ class SystemBusy(UserError):
 
 class TooManyConnections(SystemBusy):
     """The emulator has as many connections waiting to authenticate as it admits."""
+
+
+class QueueTimeout(SystemBusy):
+    """The job waited in the queue of a busy emulator for as long as ``CSRUN_QUEUE_TIMEOUT`` allows."""
 
 
 class AuthenticationFailed(UserError):

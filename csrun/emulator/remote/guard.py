@@ -10,6 +10,8 @@
   last at most ``idle_limit`` seconds (clients send keep-alives when they have nothing else to
   say, see :mod:`csrun.emulator.remote.keepalive`). Time the server spends working (a step, a load, a
   state fetch) does not count. A holder over the limit is handed to its ``reclaim``.
+- **The queue** (``max_queued`` jobs) is the server's (:mod:`csrun.emulator.remote.server`): a
+  queued connection has left the pending table, and its own thread holds it to the idle limit.
 
 Cutting a connection means ``shutdown(SHUT_RDWR)`` on its socket (the plain socket's, also under
 TLS), which wakes the thread blocked on it; that thread cleans up as after any lost link.
@@ -39,6 +41,9 @@ class GuardLimits:
     """Seconds for the whole hello of a connection (TLS handshake, challenge, answer)."""
     idle_limit: float = 60.0
     """Seconds the holder may keep the server waiting for its next bytes; 0 for no limit."""
+    max_queued: int = 32
+    """Authenticated jobs at once that wait in the queue for a busy system (0: none; a job that
+    finds the system busy is refused at once)."""
     evict_after: float | None = None
     """Age after which a pending connection gives its place to a newcomer when the table is full
     (default: the smaller of 1 s and half the hello deadline)."""
@@ -92,6 +97,8 @@ class Guard:
             raise UserError(f"hello_deadline must be > 0, got {limits.hello_deadline}")
         if not limits.idle_limit >= 0:
             raise UserError(f"idle_limit must be >= 0, got {limits.idle_limit}")
+        if limits.max_queued < 0:
+            raise UserError(f"max_queued must be >= 0, got {limits.max_queued}")
         self.limits = limits
         self._lock = threading.Lock()
         self._pending: list[Pending] = []

@@ -5,9 +5,22 @@ The token never travels. The exchange (frames as in :mod:`csrun.emulator.remote.
     server -> client  {"op": "challenge", "version": 2, "nonce": Ns, "message": ...}
     client -> server  {"op": "hello", "version": 2, "job_id": J, "nonce": Nc,
                        "proof": HMAC(token, "csrun-emulator/2 client" | Ns | Nc | J)}
+    client -> server  {"op": "hello", "version": 2, "job_id": J, "nonce": Nc, "queue": true,
+                       "proof": HMAC(token, "csrun-emulator/2 client" | Ns | Nc | J)}
+    server -> client  {"op": "queued", "version": 2, "position": k, "ahead": k - 1, "busy_with": J0,
+                       "since": T, "max_queued": N, "idle_limit": S, "proof": <as in ok>}   (0 or more)
     server -> client  {"op": "ok", "version": 2, "idle_limit": S,
                        "proof": HMAC(token, "csrun-emulator/2 server" | Ns | Nc | J)}
-                   or {"op": "error", "version": 2, "kind": "auth" | "busy" | "version" | ..., "message"}
+                   or {"op": "error", "version": 2, "kind": "auth" | "busy" | "version" | "idle" | ..., "message"}
+
+``"queue": true`` in the hello says that the client can wait in the server's queue for a busy
+system; a client that does not say so (an earlier csrun speaking protocol 2) is refused with
+"busy" as before, so the queue extends protocol 2 and both ends stay compatible with it. A queued
+client hears a ``queued`` frame when it joins the queue and again whenever its position changes;
+it sends ``ping`` frames (within the ``idle_limit`` the frame names) while it waits, and ``bye``
+when it gives up. Each ``queued`` frame carries the server's proof, so a client waits only for a
+server that holds the token. The wait ends in the ``ok`` (the system is the client's) or an
+``error``; the server's module manual (:mod:`csrun.emulator.remote.server`) has the queue's rules.
 
 Nonces are 32 random bytes (hex) from :mod:`secrets`, fresh per connection on both sides, so a
 recorded exchange cannot be replayed and neither side can be made to sign a value of the other's
@@ -83,12 +96,25 @@ def greeting(server_nonce: str) -> dict[str, Any]:
 
 
 def refusal(kind: str, message: str) -> dict[str, Any]:
-    """An error frame of the hello (``kind``: auth, busy, version, overload, deadline)."""
+    """An error frame of the hello (``kind``: auth, busy, version, overload, idle)."""
     return {"op": "error", "seq": None, "version": PROTOCOL_VERSION, "kind": kind, "message": message}
 
 
-def hello(token: bytes, server_nonce: str, job_id: str) -> dict[str, Any]:
-    """The client's hello answering a greeting with ``server_nonce``."""
+def queued(position: int, busy_with: str, since: str, max_queued: int, idle_limit: float,
+           server_proof: str) -> dict[str, Any]:
+    """The server's word to a queued client: its ``position`` (1: next), who holds the system since
+    when, the queue's size, the idle limit its keep-alives must stay inside, and the server's proof."""
+    return {"op": "queued", "seq": None, "version": PROTOCOL_VERSION, "position": position,
+            "ahead": position - 1, "busy_with": busy_with, "since": since, "max_queued": max_queued,
+            "idle_limit": idle_limit, "proof": server_proof}
+
+
+def hello(token: bytes, server_nonce: str, job_id: str, *, queue: bool = True) -> dict[str, Any]:
+    """The client's hello answering a greeting with ``server_nonce``; ``queue``: the client waits
+    in the queue of a busy system (else it is refused with "busy")."""
     client_nonce = new_nonce()
-    return {"op": "hello", "version": PROTOCOL_VERSION, "job_id": job_id, "nonce": client_nonce,
-            "proof": proof(token, "client", server_nonce, client_nonce, job_id)}
+    frame = {"op": "hello", "version": PROTOCOL_VERSION, "job_id": job_id, "nonce": client_nonce,
+             "proof": proof(token, "client", server_nonce, client_nonce, job_id)}
+    if queue:
+        frame["queue"] = True
+    return frame

@@ -1,4 +1,5 @@
-"""The emulator server: one authenticated client at a time drives an EmbeddedDevice over TCP.
+"""The emulator server: one authenticated client at a time drives an EmbeddedDevice over TCP;
+the jobs that find it busy wait in a bounded FIFO queue.
 
 Session protocol (frames as in :mod:`csrun.emulator.remote.wire`; the hello as in
 :mod:`csrun.emulator.remote.handshake`; every request after the hello carries a ``seq`` and is
@@ -10,7 +11,12 @@ frame ``op``         fields / buffers                             answer
 ``challenge``        server -> client, first: ``version``,        the client's ``hello``
                      ``nonce``
 ``hello``            ``version``, ``job_id``, ``nonce``,          ``ok`` (``proof``, ``idle_limit``)
-                     ``proof`` (HMAC of both nonces, job id)      or ``error`` (auth / busy / version)
+                     ``proof`` (HMAC of both nonces, job id),     or ``error`` (auth / busy / version
+                     ``queue`` (true: wait while busy)            / idle), after 0 or more ``queued``
+``queued``           server -> client while it waits:             ``ping`` frames, or
+                     ``position`` (1: next), ``ahead``,           ``bye`` when it gives up
+                     ``busy_with``, ``since``, ``max_queued``,
+                     ``idle_limit``, ``proof`` (as in ``ok``)
 ``load``             ``spec`` (ProgramSpec JSON); 1 buffer:       ``ok``
                      the ``torch.export`` archive
 ``step``             ``batch`` (encoded pytree) + buffers         ``result`` with ``outputs``
@@ -23,16 +29,33 @@ frame ``op``         fields / buffers                             answer
 
 Errors come back as ``{"op": "error", "seq", "kind": "user"|"device"|"protocol"|"auth"|"busy"|
 "version"|"overload"|"idle", "message", "step"?}``. The token never travels: both sides prove
-they hold it with HMAC-SHA256 over fresh nonces, compared in constant time. While a client holds
-the system, other authenticated clients get ``system busy: in use by job J since T`` and are
-closed. A client that disconnects (or whose connection breaks) frees the system at once; its
-device state is dropped. Malformed input closes only that connection, with a logged reason.
+they hold it with HMAC-SHA256 over fresh nonces, compared in constant time. A client that
+disconnects (or whose connection breaks) frees the system at once; its device state is dropped.
+Malformed input closes only that connection, with a logged reason.
+
+The queue: while a client holds the system, another authenticated client whose hello says
+``"queue": true`` joins a FIFO queue of at most ``max_queued`` jobs (``cs_emulator
+--max-queued``, default 32) and hears ``{"op": "queued", "position": k, "ahead": k - 1,
+"busy_with": J, "since": T, ...}``, then a new ``queued`` frame each time its position changes.
+When the holder leaves, the queue's head gets the hello's ``ok`` at once (the system passes
+straight to it: a newcomer never overtakes the queue) and the others move up. Only an
+authenticated client of this protocol is queued (the token and the version are checked first).
+A queued client sends ``ping`` frames, as a holder does, and is dropped from the queue (told
+why, kind ``idle``) after ``idle_limit`` seconds of silence; one that sends ``bye`` or
+disconnects leaves the queue, and those behind it move up. Its thread sleeps in ``select`` on
+its connection and on a wake-up socket the server writes to when the queue moves: a queue
+that does not move costs no CPU. When the queue is full, a newcomer is refused (kind ``busy``)
+with ``system busy: in use by job J since T, and its queue is full (N jobs waiting ...)``; a
+client that does not ask to be queued (protocol 2 before the queue) hears ``system busy: in
+use by job J since T`` as before. How long a client waits is the client's setting
+(``CSRUN_QUEUE_TIMEOUT``, :mod:`csrun.emulator.remote.connect`): it then says ``bye``.
 
 Limits (:mod:`csrun.emulator.remote.guard`): at most ``max_pending`` connections wait to authenticate
 (a newcomer evicts the oldest stale one, else it hears ``too many connections``); each has
 ``hello_deadline`` seconds for its whole hello; the holder loses the system when the server has
-waited ``idle_limit`` seconds for its next bytes (it is told why). With ``tls`` every connection
-is TLS (:mod:`csrun.emulator.remote.tls`), the handshake inside the hello deadline.
+waited ``idle_limit`` seconds for its next bytes (it is told why); a queued job is off the pending
+table, under the same idle limit. With ``tls`` every connection is TLS
+(:mod:`csrun.emulator.remote.tls`), the handshake inside the hello deadline.
 
 As soon as it listens the server imports torch's program reader and starts a GPU's runtime on a
 background thread (:mod:`csrun.emulator.remote.server_warmup`), so a job's first load does not wait
@@ -43,10 +66,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import select
 import socket
 import ssl
 import threading
 import time
+from dataclasses import dataclass, field
 
 from csrun.emulator.remote.log_limit import LimitedWarnings
 from csrun.emulator.remote import handshake, server_warmup, wire
@@ -66,6 +91,50 @@ REFUSAL_SECONDS = 2.0
 """Most time a TLS refusal may take (handshake and the error frame)."""
 
 
+def _now_utc() -> str:
+    """The time a job took the system, as the busy refusal and the ``queued`` frame show it."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """An authenticated job waiting in the queue; its thread sleeps in ``select`` on its
+    connection and on ``wake`` (a socket pair), which the server writes to when the queue moves."""
+
+    job_id: str
+    peer: str
+    wake_r: socket.socket = field(init=False)
+    wake_w: socket.socket = field(init=False)
+    admitted: bool = False
+    """The system is this job's (set by the server under its lock, when the job left the queue's head)."""
+    turns: int = 0
+    """Times its thread woke (a queue that does not move wakes it never)."""
+
+    def __post_init__(self) -> None:
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_w.setblocking(False)
+        self.wake_r.setblocking(False)
+
+    def wake(self) -> None:
+        """Tell its thread to look at the queue again (never blocks)."""
+        try:
+            self.wake_w.send(b"\0")
+        except OSError:  # the pair is full (it will look anyway) or already closed
+            pass
+
+    def drain(self) -> None:
+        """Read the wake-ups that arrived."""
+        try:
+            while self.wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.wake_r.close()
+        self.wake_w.close()
+
+
 class EmulatorServer:
     """A ``cs_emulator`` server bound to ``host:port`` (port 0 picks a free one)."""
 
@@ -83,7 +152,8 @@ class EmulatorServer:
     ) -> None:
         """Bind the listening socket. ``token`` must be non-empty (its strength is the command's
         check, :func:`csrun.emulator.remote.auth_token.check_token`). ``connection_limits``: pending
-        connections, hello deadline, idle limit. ``tls``: a server context to wrap every connection."""
+        connections, hello deadline, idle limit, queue size. ``tls``: a server context to wrap every
+        connection."""
         if not token:
             raise UserError("the emulator needs a non-empty token")
         self._token = token.encode()
@@ -95,6 +165,7 @@ class EmulatorServer:
         self.stopping = False
         self._lock = threading.Lock()
         self._active: tuple[str, str] | None = None  # (job id, since)
+        self._queue: list[_Waiter] = []  # FIFO; never waiting while the system is free
         self._conns: set[socket.socket] = set()
         self._refusers = threading.Semaphore(MAX_REFUSALS)
         self._refused = 0
@@ -110,6 +181,29 @@ class EmulatorServer:
     def busy_with(self) -> tuple[str, str] | None:
         """(job id, since) of the client holding the system, or None."""
         return self._active
+
+    @property
+    def queued(self) -> list[str]:
+        """The job ids waiting in the queue, the next one first."""
+        with self._lock:
+            return [w.job_id for w in self._queue]
+
+    def _free(self) -> str | None:
+        """The holder is gone: the system goes to the queue's head, if any (its job id)."""
+        with self._lock:
+            self._active = None
+            self._hand_over()
+            return self._active[0] if self._active is not None else None
+
+    def _hand_over(self) -> None:
+        """With the lock held: a free system goes to the queue's head; every waiter looks again."""
+        if self._active is None and self._queue:
+            head = self._queue.pop(0)
+            head.admitted = True
+            self._active = (head.job_id, _now_utc())
+            head.wake()
+        for w in self._queue:
+            w.wake()
 
     def serve_forever(self) -> None:
         """Accept connections until :meth:`shutdown`."""
@@ -231,25 +325,106 @@ class EmulatorServer:
                 "auth", "authentication failed: the token does not match this system's"))
             return None
         self.guard.release(entry)  # authenticated: off the pending table and its deadline
+        server_proof = handshake.proof(self._token, "server", server_nonce, client_nonce, job_id)
+        waiter: _Waiter | None = None
         with self._lock:
-            if self._active is not None:
-                job, since = self._active
-                log.info("%s: job %s refused, system busy with job %s", peer, job_id, job)
-                wire.send_frame(conn, handshake.refusal("busy", f"system busy: in use by job {job} since {since}"))
-                return None
-            since = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-            self._active = (job_id, since)
+            if self._active is None and not self._queue:
+                self._active = (job_id, _now_utc())
+            else:
+                refusal = self._busy_refusal(header.get("queue") is True)
+                if refusal is not None:
+                    log.info("%s: job %s refused, system busy with job %s (%d queued)", peer, job_id,
+                             self._active[0] if self._active else "?", len(self._queue))
+                    wire.send_frame(conn, handshake.refusal("busy", refusal))
+                    return None
+                waiter = _Waiter(job_id, peer)
+                self._queue.append(waiter)
         try:
+            if waiter is not None and not self._wait_in_queue(conn, peer, waiter, server_proof):
+                if waiter.admitted:  # it left just as its turn came
+                    self._free()
+                return None
             wire.send_frame(conn, {
-                "op": "ok", "seq": None, "version": PROTOCOL_VERSION,
-                "proof": handshake.proof(self._token, "server", server_nonce, client_nonce, job_id),
+                "op": "ok", "seq": None, "version": PROTOCOL_VERSION, "proof": server_proof,
                 "idle_limit": self.guard.limits.idle_limit,
             })
         except BaseException:
-            with self._lock:
-                self._active = None
+            if waiter is None or waiter.admitted:
+                self._free()
             raise
         return job_id
+
+    def _busy_refusal(self, can_queue: bool) -> str | None:
+        """With the lock held and the system busy: why a newcomer is refused, or None to queue it."""
+        job, since = self._active if self._active is not None else ("?", "?")
+        busy = f"system busy: in use by job {job} since {since}"
+        limit = self.guard.limits.max_queued
+        if not can_queue:
+            return busy  # a client of protocol 2 without the queue
+        if limit == 0:
+            return f"{busy}, and this system queues no jobs (cs_emulator --max-queued 0); try again later"
+        if len(self._queue) >= limit:
+            return (f"{busy}, and its queue is full ({limit} job{'s' if limit != 1 else ''} waiting, the most it "
+                    "queues: cs_emulator --max-queued); try again later")
+        return None
+
+    def _wait_in_queue(self, conn: socket.socket, peer: str, waiter: _Waiter, server_proof: str) -> bool:
+        """Keep ``waiter`` in the queue until it is admitted (True) or leaves it (False): it hears
+        a ``queued`` frame whenever its position changes, and its pings are read. It sleeps in
+        ``select`` meanwhile; a silence over the idle limit drops it (it is told why)."""
+        idle_limit = self.guard.limits.idle_limit
+        told: int | None = None
+        heard = time.monotonic()
+        try:
+            while not self.stopping:
+                with self._lock:
+                    if waiter.admitted:
+                        return True
+                    position = self._queue.index(waiter) + 1
+                    job, since = self._active if self._active is not None else ("?", "?")
+                if position != told:
+                    log.info("job %s (%s) queued at position %d, the system busy with job %s", waiter.job_id,
+                             peer, position, job)
+                    wire.send_frame(conn, handshake.queued(position, job, since, self.guard.limits.max_queued,
+                                                           idle_limit, server_proof))
+                    told = position
+                buffered = isinstance(conn, ssl.SSLSocket) and conn.pending() > 0
+                timeout = 0.0 if buffered else None if not idle_limit else max(0.0, heard + idle_limit - time.monotonic())
+                ready, _, _ = select.select([conn, waiter.wake_r], [], [], timeout)
+                waiter.turns += 1
+                if waiter.wake_r in ready:
+                    waiter.drain()
+                if conn in ready or buffered:
+                    try:
+                        header, _ = wire.recv_frame(conn, HELLO_LIMITS)
+                    except (EOFError, ConnectionError) as exc:
+                        if not self.stopping:
+                            log.info("job %s (%s) left the queue (%s)", waiter.job_id, peer, exc or type(exc).__name__)
+                        return False
+                    heard = time.monotonic()
+                    if header.get("op") == "bye":
+                        log.info("job %s (%s) left the queue", waiter.job_id, peer)
+                        return False
+                    if header.get("op") != "ping":
+                        raise ProtocolError(f"a queued client may send ping or bye, not {header.get('op')!r}")
+                elif idle_limit and time.monotonic() - heard >= idle_limit:
+                    why = (f"job {waiter.job_id} sent nothing for {time.monotonic() - heard:.1f}s while queued, over "
+                           f"this system's idle limit of {idle_limit:g}s: it was dropped from the queue")
+                    log.warning("job %s (%s): %s", waiter.job_id, peer, why)
+                    self._leave(waiter)  # off the queue first, then told
+                    wire.send_frame(conn, handshake.refusal("idle", why))
+                    return False
+            return False
+        finally:
+            self._leave(waiter)
+            waiter.close()
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """``waiter`` is off the queue (if still on it); the ones behind it move up."""
+        with self._lock:
+            if waiter in self._queue:
+                self._queue.remove(waiter)
+                self._hand_over()
 
     def _serve_conn(self, conn: socket.socket, peer: str, entry: Pending) -> None:
         with self._lock:
@@ -282,9 +457,8 @@ class EmulatorServer:
             if session is not None:
                 self.guard.hold(None)
             if job_id is not None:
-                with self._lock:
-                    self._active = None
-                log.info("%s: system free", peer)
+                nxt = self._free()
+                log.info("%s: system free%s", peer, f", job {nxt} is next" if nxt is not None else "")
             with self._lock:
                 self._conns.discard(conn)
             try:

@@ -1,7 +1,9 @@
 """A three-task csrun.torch job that fails where ``FAIL=RANK:PHASE:CODE`` says (tests/launch/test_job_failures.py).
 
 Phases: ``before`` (sys.exit before csrun or MPI is imported), ``stream`` (os._exit while the
-task's DataLoader makes batch 5: a streamer dies mid-stream, or a lone chief mid-step), ``step``
+task's DataLoader makes batch 5: a streamer dies mid-stream, or a lone chief mid-step), ``raise``
+and ``exit`` (an uncaught RuntimeError, or sys.exit(CODE), there instead: under mpi4py's runner
+both end in MPI_Abort), ``step``
 (sys.exit in the chief's loop at step 3), ``atexit`` (os._exit in an exit hook after the job's
 work), ``none``. Every task prints ``rank N starting``; the chief ``rank 0 done`` at the end. ``STEP_SLEEP`` seconds between steps (default 0.01).
 ``SET_ENV=WHEN:NAME=VALUE`` sets a variable in the chief's own environment just before
@@ -42,8 +44,13 @@ class Data(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         Data.made += 1
-        if mine and phase == "stream" and Data.made == 5 * 8:  # this task's 5th batch
-            os._exit(int(code))
+        if mine and Data.made == 5 * 8:  # this task's 5th batch
+            if phase == "stream":
+                os._exit(int(code))
+            if phase == "raise":
+                raise RuntimeError("a bug in the input pipeline")
+            if phase == "exit":
+                sys.exit(int(code))
         return torch.full((4,), float(i))
 
 

@@ -1,0 +1,283 @@
+"""The cs_emulator queue (issue 33 item 10): jobs that find the system busy wait in a bounded FIFO
+queue, are told their position (one line per change), and are admitted in turn.
+
+Each test runs its own server on a free loopback port; timeouts are small values set here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from csrun.emulator.remote import handshake, wire
+from csrun.emulator.remote.client import RemoteDevice
+from csrun.emulator.remote.errors import AuthenticationFailed, QueueTimeout, SystemBusy
+from csrun.emulator.remote.server import EmulatorServer
+from csrun.errors import UserError
+
+from tests.tiny_models import MLP, mlp_batches
+from . import helpers
+from .helpers import addr, make_program, raw_hello
+
+TOKEN = "queue-Hq7v2Xk9-token-3Rp8Lm"
+CLIENT_LOG = "csrun.emulator.remote.client"
+
+
+@pytest.fixture(scope="module")
+def program() -> tuple:
+    batches = mlp_batches(3)
+    ep, spec = make_program(MLP(), batches[0])
+    return ep, spec, batches
+
+
+def serve(*, token: str = TOKEN, tls: Any = None, **guard: Any) -> contextlib.AbstractContextManager[EmulatorServer]:
+    """A server on a free loopback port with this file's token and the given connection limits."""
+    return helpers.serve(token=token, tls=tls, **guard)
+
+
+def wait_until(cond: Any, timeout: float = 30) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"condition not met within {timeout}s")
+        time.sleep(0.01)
+
+
+def train(dev: RemoteDevice, program: tuple) -> list[float]:
+    ep, spec, batches = program
+    dev.load(ep, spec)
+    return [h.result()["loss"].item() for h in [dev.submit(b) for b in batches]]
+
+
+class Job(threading.Thread):
+    """A job on a thread of its own (named ``job-<name>``, so its log lines can be told apart):
+    connects (queueing if need be), trains, records the order of admission and its losses."""
+
+    def __init__(self, srv: EmulatorServer, name: str, program: tuple, admitted: list[str], **kw: Any) -> None:
+        super().__init__(name=f"job-{name}", daemon=True)
+        self.srv, self.job, self.program, self.admitted, self.kw = srv, name, program, admitted, kw
+        self.losses: list[float] | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with RemoteDevice(addr(self.srv), TOKEN, self.job, connect_timeout=10, **self.kw) as dev:
+                self.admitted.append(self.job)
+                self.losses = train(dev, self.program)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            self.error = exc
+
+
+def said(caplog: pytest.LogCaptureFixture, job: str) -> list[str]:
+    """The queue lines the client of ``job`` logged."""
+    return [r.getMessage() for r in caplog.records if r.name == CLIENT_LOG and r.threadName == f"job-{job}"]
+
+
+def raw_queued(srv: EmulatorServer, job: str) -> tuple[socket.socket, dict[str, Any]]:
+    """A raw connection that authenticates as ``job`` and is queued (it never pings)."""
+    s = socket.create_connection(("127.0.0.1", srv.address[1]), timeout=10)
+    return s, raw_hello(s, TOKEN, job)
+
+
+def next_frame(s: socket.socket) -> dict[str, Any]:
+    return wire.recv_frame(s, wire.Limits())[0]
+
+
+def test_queued_jobs_get_their_positions_and_are_admitted_in_order(program: tuple,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    admitted: list[str] = []
+    with serve() as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10) as holder:
+            losses_a = train(holder, program)
+            jobs = {}
+            for name in ("B", "C"):
+                jobs[name] = Job(srv, name, program, admitted, queue_timeout=60)
+                jobs[name].start()
+                wait_until(lambda: name in srv.queued)
+            assert srv.queued == ["B", "C"]
+            assert admitted == []  # nobody overtook the holder
+        for job in jobs.values():
+            job.join(60)
+            assert job.error is None, job.error
+        wait_until(lambda: srv.busy_with is None)
+        assert srv.queued == []
+    assert admitted == ["B", "C"]
+    where = addr(srv)
+    assert said(caplog, "B") == [f"cs_emulator at {where} is busy with job A; queued at position 1"]
+    assert said(caplog, "C") == [f"cs_emulator at {where} is busy with job A; queued at position 2",
+                                 f"cs_emulator at {where} is busy with job B; queued at position 1"]
+    # each job trained for real, on a fresh device: the same losses as the holder's
+    assert jobs["B"].losses == losses_a and jobs["C"].losses == losses_a
+
+
+def test_a_full_queue_refuses_in_one_line_naming_its_size(program: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    with serve(max_queued=1) as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10):
+            b, frame = raw_queued(srv, "B")
+            assert frame["op"] == "queued" and frame["position"] == 1 and frame["busy_with"] == "A"
+            with pytest.raises(SystemBusy) as err:
+                RemoteDevice(addr(srv), TOKEN, "C", connect_timeout=10, queue_timeout=30)
+            assert srv.queued == ["B"]
+            b.close()
+    msg = str(err.value)
+    assert "\n" not in msg and not isinstance(err.value, QueueTimeout)
+    assert msg.startswith("system busy: in use by job A since ")
+    assert "its queue is full (1 job waiting, the most it queues: cs_emulator --max-queued)" in msg
+    assert f"(the system at {addr(srv)})" in msg
+    assert not [r for r in caplog.records if r.name == CLIENT_LOG and "job C" in r.getMessage()]
+
+
+def test_no_queue_refuses_at_once(program: tuple) -> None:
+    with serve(max_queued=0) as srv:
+        with RemoteDevice(addr(srv), TOKEN, "first", connect_timeout=10):
+            with pytest.raises(SystemBusy, match=r"^system busy: in use by job first since .*, and this system "
+                                                 r"queues no jobs \(cs_emulator --max-queued 0\)"):
+                RemoteDevice(addr(srv), TOKEN, "second", connect_timeout=10, queue_timeout=30)
+        assert srv.queued == []
+
+
+def test_a_queue_timeout_is_one_line_and_the_next_job_moves_up(program: tuple, caplog: pytest.LogCaptureFixture,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("CSRUN_QUEUE_TIMEOUT", "2")  # the knob, as a job would set it
+    with serve() as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10):
+            admitted: list[str] = []
+            impatient = Job(srv, "B", program, admitted)
+            impatient.start()
+            wait_until(lambda: srv.queued == ["B"])
+            c, frame = raw_queued(srv, "C")
+            assert frame["op"] == "queued" and frame["position"] == 2 and frame["ahead"] == 1
+            impatient.join(30)
+            moved = next_frame(c)  # B gave up: C is next
+            assert moved["op"] == "queued" and moved["position"] == 1 and moved["busy_with"] == "A"
+            assert srv.queued == ["C"]
+            c.close()
+    err = impatient.error
+    assert isinstance(err, QueueTimeout) and isinstance(err, UserError) and err.exit_code == 1
+    assert str(err) == (f"cs_emulator at {addr(srv)} is still busy with job A: this job waited 2 s in its queue "
+                        "and was at position 1; CSRUN_QUEUE_TIMEOUT sets how long to wait")
+    assert admitted == []
+    assert any("job B (" in r.getMessage() and "left the queue" in r.getMessage() for r in caplog.records)
+
+
+def test_a_queued_client_that_disconnects_lets_the_others_move_up(program: tuple) -> None:
+    with serve() as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10):
+            waiting = {}
+            for i, name in enumerate("BCD", start=1):
+                waiting[name], frame = raw_queued(srv, name)
+                assert (frame["op"], frame["position"], frame["ahead"]) == ("queued", i, i - 1)
+            waiting["B"].close()  # gone without a word
+            assert (next_frame(waiting["C"])["position"], next_frame(waiting["D"])["position"]) == (1, 2)
+            assert srv.queued == ["C", "D"]
+        answer = next_frame(waiting["C"])  # the holder left: C's hello is answered
+        assert answer["op"] == "ok" and srv.busy_with is not None and srv.busy_with[0] == "C"
+        moved = next_frame(waiting["D"])
+        assert (moved["position"], moved["busy_with"]) == (1, "C")
+        waiting["C"].close()
+        assert next_frame(waiting["D"])["op"] == "ok"
+        waiting["D"].close()
+        wait_until(lambda: srv.busy_with is None)
+
+
+def test_a_queue_that_does_not_move_wakes_nobody(program: tuple) -> None:
+    """Queued connections sleep in select: over a second of a still queue, no waiter's thread turns."""
+    with serve() as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10):
+            socks = [raw_queued(srv, f"Q{i}")[0] for i in range(5)]
+            wait_until(lambda: len(srv.queued) == 5)
+            time.sleep(0.2)  # each waiter has sent its frame and gone to sleep
+            before = [w.turns for w in srv._queue]
+            time.sleep(1.0)
+            assert [w.turns for w in srv._queue] == before
+            for s in socks:
+                s.close()
+            wait_until(lambda: srv.queued == [])
+
+
+def test_a_silent_queued_client_is_dropped_at_the_idle_limit(program: tuple) -> None:
+    with serve(idle_limit=0.5) as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10):  # its keep-alives hold the system
+            silent, frame = raw_queued(srv, "mute")
+            assert frame["op"] == "queued" and frame["idle_limit"] == 0.5
+            last = next_frame(silent)
+            assert last["op"] == "error" and last["kind"] == "idle"
+            assert "while queued, over this system's idle limit of 0.5s" in last["message"]
+            assert srv.queued == []
+            silent.close()
+            admitted: list[str] = []
+            patient = Job(srv, "pinger", program, admitted, queue_timeout=30)
+            patient.start()
+            wait_until(lambda: srv.queued == ["pinger"])
+            time.sleep(1.5)  # three idle limits: its pings keep its place
+            assert srv.queued == ["pinger"]
+        patient.join(60)
+        assert patient.error is None and admitted == ["pinger"]
+
+
+def test_only_authenticated_clients_of_this_protocol_are_queued(program: tuple) -> None:
+    with serve() as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10):
+            with pytest.raises(AuthenticationFailed):
+                RemoteDevice(addr(srv), "not-the-token-but-long-enough", "intruder", connect_timeout=10,
+                             queue_timeout=30)
+            s = socket.create_connection(("127.0.0.1", srv.address[1]), timeout=10)
+            greeting = next_frame(s)
+            wire.send_frame(s, dict(handshake.hello(TOKEN.encode(), greeting["nonce"], "future"), version=99))
+            assert next_frame(s)["kind"] == "version"
+            s.close()
+            # a client of protocol 2 from before the queue (no "queue" in its hello) hears busy, as it did
+            s = socket.create_connection(("127.0.0.1", srv.address[1]), timeout=10)
+            greeting = next_frame(s)
+            wire.send_frame(s, handshake.hello(TOKEN.encode(), greeting["nonce"], "older", queue=False))
+            answer = next_frame(s)
+            assert answer["kind"] == "busy" and answer["message"].startswith("system busy: in use by job A since ")
+            assert "queue" not in answer["message"]
+            s.close()
+            assert srv.queued == []
+
+
+def test_an_impostor_cannot_keep_a_client_queued() -> None:
+    lsock = socket.create_server(("127.0.0.1", 0))
+
+    def impostor() -> None:
+        with contextlib.suppress(OSError, EOFError):
+            conn, _ = lsock.accept()
+            with conn:
+                wire.send_frame(conn, handshake.greeting(handshake.new_nonce()))
+                wire.recv_frame(conn, wire.Limits())
+                wire.send_frame(conn, handshake.queued(1, "ghost", "now", 32, 0, "00" * 32))
+                wire.recv_frame(conn, wire.Limits())
+
+    t = threading.Thread(target=impostor, daemon=True)
+    t.start()
+    where = f"127.0.0.1:{lsock.getsockname()[1]}"
+    try:
+        with pytest.raises(AuthenticationFailed, match=f"the system at {where} did not prove that it holds the token"):
+            RemoteDevice(where, TOKEN, "cautious", connect_timeout=5, queue_timeout=30)
+    finally:
+        lsock.close()
+        t.join(5)
+
+
+def test_twenty_simultaneous_clients_all_complete_without_a_retry_loop(program: tuple) -> None:
+    admitted: list[str] = []
+    with serve() as srv:
+        jobs = [Job(srv, f"j{i:02d}", program, admitted, queue_timeout=120) for i in range(20)]
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join(180)
+    errors = [f"{job.job}: {type(job.error).__name__}: {job.error}" for job in jobs if job.error is not None]
+    assert errors == []
+    assert sorted(admitted) == sorted(job.job for job in jobs)
+    assert all(job.losses is not None and len(job.losses) == len(program[2]) for job in jobs)

@@ -1,0 +1,84 @@
+"""Ctrl-C at csrun_wse does the same locally (mpiexec) and under Slurm (srun) (issue 33 item 5).
+
+The first Ctrl-C (SIGINT to csrun_wse, as a terminal sends it) asks the job to save a
+checkpoint at its next step and stop: one line says so, the chief saves, no task prints a
+traceback, the job exits 130 and ``--resume`` continues from that checkpoint. A second Ctrl-C
+stops it at once: the job ends within seconds with 130 and nothing of it keeps running.
+Before, Slurm's srun ignored a single Ctrl-C (the run went on to the end and exited 0) and
+locally one Ctrl-C in four printed a traceback and nothing was saved.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, REPO, follow, long_debug_params
+
+pytestmark = pytest.mark.timeout(300)
+END_WITHIN_S = 10.0
+COMMAND = [str(BIN / "csrun_wse"), "--total-nodes", "3", str(BIN / "python-pt"), str(REPO / "models" / "fc_mnist" / "run.py"),
+           "--mode", "train"]
+
+
+def interrupted(env: dict[str, str], tmp_path: Path, times: int) -> tuple[int, str, float, Path, dict, Path]:
+    """fc_mnist under csrun_wse, SIGINTed ``times`` times (0.5 s apart) once the chief logs a step: the exit
+    code, the output, the seconds from the last SIGINT to the end, the model_dir and the params (doc, file)."""
+    params_doc, params = long_debug_params(tmp_path)
+    md = tmp_path / "md"
+    md.mkdir()
+    sent_at: list[float] = []
+
+    def on_line(line: str, proc: subprocess.Popen[str]) -> None:
+        if not sent_at and "| Train: step" in line:
+            for i in range(times):
+                time.sleep(0.5 * bool(i))
+                os.kill(proc.pid, signal.SIGINT)
+            sent_at.append(time.monotonic())
+
+    code, output = follow([*COMMAND, "--params", str(params), "-o", str(md)], env, on_line, cwd=tmp_path)
+    return code, output, time.monotonic() - sent_at[0] if sent_at else -1.0, md, params_doc, params
+
+
+def still_running(model_dir: Path) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(model_dir) in line]
+
+
+@pytest.fixture(params=["local", "slurm"])
+def launch_env(request: pytest.FixtureRequest, no_slurm_env: dict[str, str]) -> dict[str, str]:
+    if request.param == "local":
+        return {**no_slurm_env, "OMP_NUM_THREADS": "1"}
+    return {**request.getfixturevalue("slurm_env"), "OMP_NUM_THREADS": "1"}
+
+
+def test_one_ctrl_c_saves_and_stops_and_resume_continues(launch_env: dict[str, str], tmp_path: Path) -> None:
+    code, output, took, md, params_doc, params = interrupted(launch_env, tmp_path, 1)
+    assert code == 130, output[-3000:]
+    assert "csrun_wse: interrupted: the job saves a checkpoint at its next step and stops" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    saved = sorted(md.glob("checkpoint_*.mdl"))
+    assert len(saved) == 1, output[-3000:]
+    assert "checkpoint saved. Continue with --resume." in output
+    assert took < END_WITHIN_S and not still_running(md)
+    step = int(saved[0].stem.split("_")[1])
+    params_doc["runconfig"]["max_steps"] = step + 10
+    params.write_text(__import__("yaml").safe_dump(params_doc))
+    again = subprocess.run([*COMMAND, "--params", str(params), "-o", str(md), "--resume"], env=launch_env,
+                           capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert (md / f"checkpoint_{step + 10}.mdl").exists(), sorted(p.name for p in md.iterdir())
+
+
+def test_a_second_ctrl_c_stops_at_once(launch_env: dict[str, str], tmp_path: Path) -> None:
+    code, output, took, md, _, _ = interrupted(launch_env, tmp_path, 2)
+    assert code == 130, output[-3000:]
+    assert "csrun_wse: interrupted again: stopping the job now" in output, output[-3000:]
+    assert took < END_WITHIN_S, f"{took:.1f} s"
+    time.sleep(1)
+    assert not still_running(md)
