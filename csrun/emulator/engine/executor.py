@@ -473,6 +473,59 @@ class Engine:
         scaler.update(overflow)
         self._advance()
 
+    # the data-parallel halves of a step (csrun.emulator.swarm): a system's forward and backward,
+    # MemoryX's update of the summed gradients -----------------------------------------------
+
+    def flat_weights(self) -> torch.Tensor:
+        """The trainable weights, flattened into one float32 vector (in :attr:`params` order)."""
+        return torch.cat([p.detach().reshape(-1) for p in self.params]) if self.params else torch.zeros(0)
+
+    def load_flat_weights(self, flat: torch.Tensor) -> None:
+        """Set the trainable weights from :meth:`flat_weights`' layout."""
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
+
+    def flat_gradients(self) -> torch.Tensor:
+        """The gradients the device holds (zeros for a weight without one), flattened like the weights."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]) \
+            if self.params else torch.zeros(0)
+
+    def clear_gradients(self) -> None:
+        """Drop the gradients the device holds."""
+        self._clear_gradients()
+
+    def set_loss_scale(self, scale: float) -> None:
+        """Compute the next backward at this loss scale (a system follows MemoryX's scaler)."""
+        if self.scaler is None:
+            raise RuntimeError("an eval engine has no loss scale")
+        self.scaler.state.scale = float(scale)
+
+    def apply_gradients(self, flat: torch.Tensor, plan: StepPlan = FULL_STEP) -> dict[str, torch.Tensor]:
+        """Take ``flat`` (:meth:`flat_weights`' layout) as this step's loss-scaled gradients and run
+        the update as :meth:`run_step` does after its backward: unscale and overflow check (an
+        overflow skips the update and moves the scale once), clipping, the optimizer with the
+        schedule's rate for the global step, the loss-scale update. Returns ``lr``, ``loss_scale``
+        (the values this step used), ``global_step`` (after it) and, with clipping, ``grad_norm``."""
+        if self.scaler is None or self.optimizer is None:
+            raise RuntimeError("an eval engine has no update")
+        rates = self._rates(self._step)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
+        out: dict[str, Any] = {
+            "lr": torch.full((), rates[0] if isinstance(rates, list) else rates, dtype=torch.float32, device=self.device),
+            "loss_scale": torch.full((), self.scaler.scale, dtype=torch.float32, device=self.device),
+            "global_step": self.global_step + 1,
+        }
+        self._update(out, plan, rates)
+        return out
+
     def _advance(self) -> None:
         """One more update: the global step."""
         self._step += 1
