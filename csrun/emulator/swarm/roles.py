@@ -35,17 +35,21 @@ class MemoryXRole:
         _check(engine)
         self.engine = engine
         self.swarm = swarm
-        self._size = engine.flat_weights().numel()
+        size = engine.flat_weights().numel()
+        self._outgoing = torch.zeros(size + 1, dtype=torch.float32)  # the weights, then the loss scale
+        self._zeros = torch.zeros(size, dtype=torch.float32)  # MemoryX's share of the sum
+        self._total = torch.zeros(size, dtype=torch.float32)
 
     def step(self, plan: StepPlan = FULL_STEP) -> dict[str, torch.Tensor]:
         """Broadcast the weights and the scale, sum the systems' gradients, update; the step's
         ``lr``, ``loss_scale``, ``global_step`` (and ``grad_norm`` with clipping)."""
         scaler = self.engine.scaler
         assert scaler is not None  # noqa: S101 - _check: a train engine
-        self.swarm.broadcast(torch.cat([self.engine.flat_weights(), torch.tensor([scaler.scale], dtype=torch.float32)]))
-        total = torch.zeros(self._size, dtype=torch.float32)
-        self.swarm.reduce(torch.zeros(self._size, dtype=torch.float32), total)
-        return self.engine.apply_gradients(total.div_(self.swarm.systems), plan)
+        self._outgoing[:-1].copy_(self.engine.flat_weights())
+        self._outgoing[-1] = scaler.scale
+        self.swarm.broadcast(self._outgoing)
+        self.swarm.reduce(self._zeros, self._total)
+        return self.engine.apply_gradients(self._total.div_(self.swarm.systems), plan)
 
 
 class SystemRole:
@@ -56,6 +60,7 @@ class SystemRole:
         self.engine = engine
         self.swarm = swarm
         self._incoming = torch.zeros(engine.flat_weights().numel() + 1, dtype=torch.float32)
+        self._grads = torch.zeros(engine.flat_weights().numel(), dtype=torch.float32)
 
     def step(self, shard: Any) -> dict[str, torch.Tensor]:
         """Take the weights and scale, run ``shard``'s forward and backward, hand the gradients to
@@ -64,7 +69,7 @@ class SystemRole:
         self.engine.load_flat_weights(self._incoming[:-1])
         self.engine.set_loss_scale(float(self._incoming[-1]))
         out = self.engine.run_step(shard, plan=HOLD)
-        grads = self.engine.flat_gradients().float().contiguous()
+        self._grads.copy_(self.engine.flat_gradients())
         self.engine.clear_gradients()
-        self.swarm.reduce(grads)
+        self.swarm.reduce(self._grads)
         return {k: v for k, v in out.items() if k not in ("lr", "loss_scale", "global_step")}

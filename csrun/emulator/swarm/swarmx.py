@@ -23,19 +23,24 @@ class SwarmX:
         self.is_memoryx = comm.Get_rank() == memoryx
         self.systems = comm.Get_size() - 1
         """N: the swarm's ranks other than MemoryX."""
+        self._specs: dict[tuple[int, int], tuple[torch.Tensor, list[Any]]] = {}
 
     def broadcast(self, vector: torch.Tensor) -> None:
         """MemoryX's ``vector`` into every system's (same length, float32, contiguous on the CPU)."""
-        self.comm.Bcast([_buffer(vector), self._mpi.FLOAT], root=self.memoryx)
+        self.comm.Bcast(self._spec(vector), root=self.memoryx)
 
     def reduce(self, vector: torch.Tensor, into: torch.Tensor | None = None) -> None:
         """Sum every system's ``vector`` into MemoryX's ``into`` (MemoryX contributes ``vector``,
         its zeros; ``into`` only on MemoryX)."""
-        recv = [_buffer(into), self._mpi.FLOAT] if into is not None and self.is_memoryx else None
-        self.comm.Reduce([_buffer(vector), self._mpi.FLOAT], recv, op=self._mpi.SUM, root=self.memoryx)
+        recv = self._spec(into) if into is not None and self.is_memoryx else None
+        self.comm.Reduce(self._spec(vector), recv, op=self._mpi.SUM, root=self.memoryx)
 
-
-def _buffer(vector: torch.Tensor | None) -> Any:
-    if vector is None or vector.dtype != torch.float32 or vector.device.type != "cpu" or not vector.is_contiguous():
-        raise ValueError("SwarmX moves contiguous float32 vectors on the CPU")
-    return vector.numpy()
+    def _spec(self, vector: torch.Tensor) -> list[Any]:
+        """mpi4py's ``[buffer, MPI.FLOAT]`` for ``vector``, made once per buffer (the roles reuse theirs)."""
+        key = (vector.data_ptr(), vector.numel())
+        made = self._specs.get(key)
+        if made is None or made[0] is not vector:
+            if vector.dtype != torch.float32 or vector.device.type != "cpu" or not vector.is_contiguous():
+                raise ValueError("SwarmX moves contiguous float32 vectors on the CPU")
+            made = self._specs[key] = (vector, [vector.numpy(), self._mpi.FLOAT])
+        return made[1]
