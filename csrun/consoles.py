@@ -51,4 +51,10 @@ def time_prefix(stream: IO[str]) -> str:
     return "" if on_terminal(stream) else time.strftime("%Y-%m-%d %H:%M:%S ")
 
 
-__all__ = ["LOG_WIDTH", "console", "on_terminal", "time_prefix"]
+def clock(seconds: float) -> str:
+    """``H:MM:SS`` of a duration (rounded to the second)."""
+    whole = int(round(seconds))
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+__all__ = ["LOG_WIDTH", "clock", "console", "on_terminal", "time_prefix"]

@@ -32,8 +32,9 @@ itself wherever it can see them (same host and PID namespace: local mode, and ta
 Slurm places on the launcher's node): :class:`TaskWatch` holds pidfds of each command and its
 wrapper and notes the moment the first of the two ends (a process that held much memory takes
 a while to end, a killed wrapper's command more so). The first failure is then the earliest-ending task whose code is not 0:
-its last word's code, else its report's, or 137 ("killed") when it ended without either within
-:data:`SETTLE_S`; a task's end is the earliest of its last word, its report and the moment the
+its last word's code, else its report's, or 137 ("killed") when its wrapper ended without either
+(:data:`SETTLE_S` after the wrapper's end: a wrapper still copying its command's last lines has
+not reported yet); a task's end is the earliest of its last word, its report and the moment the
 launcher saw it end. Tasks
 on other nodes count by their report's time. Ends seen in one wake-up of the launcher share a
 moment; among them a task that reported goes first (mpiexec, once a task failed, kills the
@@ -42,6 +43,7 @@ other tasks' wrappers: those end without a report), then the lower rank.
 
 from __future__ import annotations
 
+import math
 import os
 import selectors
 import signal
@@ -116,7 +118,7 @@ def read_exits(state_dir: str, kind: str = "exit") -> dict[int, TaskExit]:
             code_text, node, at_text, cause = (path.read_text().strip().split(None, 3) + ["", "", ""])[:4]
             rank = int(path.name.split(".", 1)[1])
             at = float(at_text) if at_text else path.stat().st_mtime
-            found[rank] = TaskExit(rank, node, int(code_text), at, cause=one_line(cause))
+            found[rank] = TaskExit(rank, one_line(node), int(code_text), at, cause=one_line(cause))
         except (OSError, ValueError):
             continue
     return found
@@ -166,7 +168,9 @@ class TaskWatch:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self.ended: dict[int, float] = {}
-        """rank -> epoch seconds at which its command was seen to end."""
+        """rank -> epoch seconds at which its command (or its wrapper, if first) was seen to end."""
+        self.wrapper_ended: dict[int, float] = {}
+        """rank -> when its wrapper was seen to end (the report comes before that, unless it was killed)."""
         self.nodes: dict[int, str] = {}
         self._seen: set[int] = set()
         self._selector = selectors.DefaultSelector()
@@ -185,15 +189,15 @@ class TaskWatch:
             except (OSError, ValueError):
                 continue
             self._seen.add(rank)
-            self.nodes[rank] = node
+            self.nodes[rank] = one_line(node)
             if (namespace, host) != self._here:
                 continue  # another node or container: its report is all there is
-            for pid in pids:
+            for pid, which in zip(pids, ("command", "wrapper")):
                 try:
                     fd = os.pidfd_open(pid)
                 except OSError:  # ended already, before it was watched: its report tells
                     continue
-                self._selector.register(fd, selectors.EVENT_READ, rank)
+                self._selector.register(fd, selectors.EVENT_READ, (rank, which))
 
     def wait(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, waking at once when a watched command ends."""
@@ -204,7 +208,10 @@ class TaskWatch:
         ready = self._selector.select(timeout)
         now = time.time()  # one moment for every end seen in one wake-up: their order is not known
         for key, _ in ready:
-            self.ended.setdefault(key.data, now)
+            rank, which = key.data
+            self.ended.setdefault(rank, now)
+            if which == "wrapper":
+                self.wrapper_ended.setdefault(rank, now)
             self._selector.unregister(key.fd)
             os.close(key.fd)  # type: ignore[arg-type]
 
@@ -216,8 +223,8 @@ class TaskWatch:
 
     def first_failure(self, *, final: bool = False) -> TaskExit | None:
         """The earliest-ending task whose code is not 0 (module docstring), or None. Until ``final``
-        (the step has ended), a watched task that ended without a report within :data:`SETTLE_S`
-        keeps the answer open (None)."""
+        (the step has ended), a watched task whose command ended and whose wrapper has not reported
+        (nor ended :data:`SETTLE_S` ago) keeps the answer open (None)."""
         reports = read_exits(self.state_dir)
         last_words = read_exits(self.state_dir, "last")
         ends: list[TaskExit] = []
@@ -225,9 +232,10 @@ class TaskWatch:
             said = last_words.get(rank) or reports.get(rank)
             times = [e.at for e in (last_words.get(rank), reports.get(rank)) if e is not None]
             at = min(times + ([self.ended[rank]] if rank in self.ended else []))
+            wrapper_gone = self.wrapper_ended.get(rank)  # a wrapper that ended without a report was killed
             if said is not None:
                 ends.append(TaskExit(rank, said.node, said.code, at, cause=said.cause))
-            elif final or time.time() - at >= SETTLE_S:
+            elif final or (wrapper_gone is not None and time.time() - wrapper_gone >= SETTLE_S):
                 ends.append(TaskExit(rank, self.nodes.get(rank, "?"), KILLED, at, reported=False))
             else:
                 ends.append(TaskExit(rank, self.nodes.get(rank, "?"), -1, at, reported=False))  # not known yet
@@ -265,6 +273,9 @@ def read_progress(state_dir: str) -> ProgressNote | None:
     """The ``progress`` file of ``state_dir`` (None: none yet, or not five numbers)."""
     try:
         step, total, loss, rate, eta = (Path(state_dir) / "progress").read_text().split()
-        return ProgressNote(int(step), int(total), float(loss), float(rate), float(eta))
+        note = ProgressNote(int(step), int(total), float(loss), float(rate), float(eta))
     except (OSError, ValueError):
         return None
+    if not (0 <= note.step <= note.total and math.isfinite(note.rate) and math.isfinite(note.eta) and note.eta >= 0):
+        return None  # what a person reads is numbers that make sense (a NaN loss is shown as it is)
+    return note

@@ -99,9 +99,10 @@ with one line, ``csrun_wse: task rank R on NODE exited with code C; ending the j
 csrun_wse (even with SIGKILL) takes mpiexec/srun, the tasks and the job's emulator along; the
 job's leftover MPICH segments in /dev/shm are removed on this node.
 
-Ctrl-C, locally and under Slurm alike: the first asks the job to save a checkpoint at its next
-step and stop (the runner's preemption stop: the preemption signal goes to the step); a second
-stops it at once, saving nothing more. Either way the job exits 130; continue with ``--resume``.
+Ctrl-C, locally and under Slurm alike: the first asks the job to stop (the preemption signal
+goes to the step: a training run.py saves a checkpoint at its next step first; a script of your
+own without a handler for it stops at once); a second stops it at once, saving nothing more.
+Either way the job exits 130; continue with ``--resume``.
 
 Exit codes: the first failed task's own code, every time (the task that ended first with a
 non-zero code: csrun.task_exits; a preempted run's 128+signal included), else the step's; 130

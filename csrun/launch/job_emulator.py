@@ -35,11 +35,19 @@ PROG = "csrun_wse --emulator"
 LISTENING = "cs_emulator: listening on "
 
 
+def _server_preexec() -> None:
+    """The job's server dies with this wrapper and ignores the preemption signals: they are for the
+    tasks (the step's process group gets them on Ctrl-C or a preemption, the server with it)."""
+    die_with_parent(signal.SIGTERM)()
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def start_emulator(device: str, env: dict[str, str], timeout: float) -> tuple[subprocess.Popen[str], str]:
     """Start a cs_emulator on 127.0.0.1 with a free port; return it and its ``HOST:PORT``."""
     server = subprocess.Popen(
         [sys.executable, "-m", "csrun.cli.cs_emulator", "--listen", "127.0.0.1:0", "--device", device],
-        env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent(signal.SIGTERM),
+        env=env, stdout=subprocess.PIPE, text=True, preexec_fn=_server_preexec,
     )
     found: list[str] = []
     ready = threading.Event()

@@ -155,8 +155,6 @@ class Submission:
 
     job_id: str
     log_folder: Path
-    job: object
-    """The submitit Job."""
 
 
 def submit(
@@ -192,4 +190,4 @@ def submit(
         job = executor.submit(CommandJob(str(Path(log_dir).resolve())), list(command), dict(env), os.getcwd())
     except Exception as exc:  # submitit wraps sbatch failures in several types
         raise LaunchError(f"sbatch refused the job: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}") from None
-    return Submission(job_id=str(job.job_id), log_folder=Path(str(folder).replace("%j", str(job.job_id))), job=job)
+    return Submission(job_id=str(job.job_id), log_folder=Path(str(folder).replace("%j", str(job.job_id))))

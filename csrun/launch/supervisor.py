@@ -18,7 +18,8 @@ csrun_wse (local ``mpiexec`` and Slurm ``srun`` alike) runs its step through :fu
   error of a task that lost its peer; a preempted chief's 128+signal stays as it is); without
   any failure it is the step's;
 - Ctrl-C (SIGINT at the launcher) is the same locally and under Slurm (:class:`Interrupt`): the
-  first asks the job to save a checkpoint at its next step and stop, a second stops it at once;
+  first asks the job to stop (a training run.py saves a checkpoint at its next step first), a
+  second stops it at once;
   either way the job exits 130 (0 if it ended cleanly all the same). Other signals
   (SIGTERM, SIGHUP, SIGUSR1/2) are passed on to the step as they are;
 - on a terminal the launcher draws the chief's progress bar below the step's output
@@ -48,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from csrun.launch.live_bar import LiveBar
+from csrun.launch.live_bar import LiveBar, same_terminal
 from csrun.launch.live_bar import wanted as live_bar_wanted
 from csrun.launch.preempt_signal import preemption_signal
 from csrun.launch.process import die_with_parent
@@ -164,10 +165,12 @@ def supervise(line: Sequence[str], env: dict[str, str], state_dir: str, prog: st
     except OSError:
         before = set()
     started = time.time()
-    bar = LiveBar(state_dir) if live_bar_wanted(env) else None
-    piped = subprocess.PIPE if bar is not None else None
+    draw = live_bar_wanted(env)
+    with_stderr = draw and same_terminal()
     child = subprocess.Popen(list(line), env={**env, STATE_ENV: state_dir}, start_new_session=True,
-                             preexec_fn=die_with_parent(signal.SIGTERM), stdout=piped, stderr=piped)
+                             preexec_fn=die_with_parent(signal.SIGTERM), stdout=subprocess.PIPE if draw else None,
+                             stderr=subprocess.PIPE if with_stderr else None)
+    bar = LiveBar(state_dir, with_stderr=with_stderr) if draw else None
     pumps = [bar.pump(pipe) for pipe in (child.stdout, child.stderr) if pipe is not None] if bar is not None else []
     interrupt = Interrupt(prog, child.pid, is_srun=Path(line[0]).name == "srun")
     previous = {s: signal.getsignal(s) for s in FORWARDED}
@@ -253,8 +256,8 @@ class Interrupt:
         """One Ctrl-C (SIGINT) at the launcher."""
         self.count += 1
         if self.count == 1:
-            print(f"\n{self.prog}: interrupted: the job saves a checkpoint at its next step and stops "
-                  "(Ctrl-C again stops it at once, saving nothing more)", file=sys.stderr, flush=True)
+            print(f"\n{self.prog}: interrupted: the job stops (a training run.py saves a checkpoint at its next step "
+                  "first); Ctrl-C again stops it at once, saving nothing more", file=sys.stderr, flush=True)
             _signal_group(self.pgid, preemption_signal())
         else:
             print(f"\n{self.prog}: interrupted again: stopping the job now", file=sys.stderr, flush=True)

@@ -3,11 +3,12 @@
 csrun_wse starts every task through this wrapper (users need not). It runs COMMAND as a child
 (which dies with the wrapper, ``PR_SET_PDEATHSIG``; the PMI file descriptors stay open for MPI;
 SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 are passed on), and when COMMAND ends, however it ends,
-writes ``exit.<rank>`` into the job's state folder: ``<exit code> <node>``, the code being
+writes ``exit.<rank>`` into the job's state folder: ``<exit code> <node> <time>``, the code being
 COMMAND's own (128+N when a signal N ended it); when COMMAND starts it writes ``start.<rank>``
 (COMMAND's pid, so that the launcher can see it end: :mod:`csrun.task_exits`). The launcher's supervisor
-(:mod:`csrun.launch.supervisor`) watches that folder and ends the whole job as soon as a task
-reports a non-zero code, naming the rank, the node and the code. The wrapper's exit code is
+(:mod:`csrun.launch.supervisor`) watches that folder (and the processes) and ends the whole job
+at the first failure, naming the rank, the node, the code and the task's stated cause
+(:mod:`csrun.task_exits`). The wrapper's exit code is
 COMMAND's. With ``CSRUN_TASK_LOG_DIR`` set (``--log-dir``), COMMAND's output is copied into
 the task's own log file and, on the chief only, onto the console (:mod:`csrun.launch.task_log`);
 without it, a streamer's lines reach the console prefixed ``[rank N] ``.

@@ -49,7 +49,11 @@ params are checked; each long flag also takes dashes, ``--max-steps`` for the le
 ``--is_pretrained_checkpoint``         with ``--checkpoint_path``: step 0, non-strict, no optimizer state
 ``--resume``                           continue from the newest valid checkpoint in model_dir (a corrupt
                                        newest one is reported and the previous one used); none there:
-                                       ``--checkpoint_path`` if given, else step 0
+                                       ``--checkpoint_path`` if given, else refused
+``--start_over``                       train from step 0 in a model_dir an earlier run used: its
+                                       checkpoints, losses, summaries and performance files are moved
+                                       into ``model_dir/previous_run_<time>/`` first (nothing deleted);
+                                       without it (or ``--resume``) such a model_dir is refused
 ``--logging LEVEL``                    chief log level (streamers: ``runconfig.streamer_logging``)
 ``--config KEY``                       use one top-level key of the YAML
 ``-c/--compile_dir DIR``               compile output folder (default ``model_dir/cs_<hash>``)
@@ -117,14 +121,18 @@ What a run leaves in ``model_dir`` (chief only):
 * ``train/``, ``eval/``: TensorBoard events and ``params_<mode>.yaml`` (``params_eval_all.yaml``
   for eval_all; :mod:`csrun.run.summaries`);
 * ``losses/losses.csv`` with ``save_losses`` (``step,loss``, one row per step);
-* ``performance/performance.json`` (:mod:`csrun.run.performance`);
+* ``performance/performance.json`` (:mod:`csrun.run.performance`; the last run's) and
+  ``performance/<mode>/summary.json``, the figures of the summary block each mode ends with
+  (:mod:`csrun.run.summary`);
+* ``previous_run_<time>/``: an earlier run set aside by ``--start_over``;
 * ``cs_<hash>/`` from the compile (system path).
 
 Messages: "Training Completed Successfully!", "Avg Eval. Loss = X" and one "Eval. <metric> = X"
 line per metric, "NaN loss detected." / "inf loss detected." (exit 1). Exit status: 0 done;
 2 a params/flag error (one line ``run.py: error: ...``, no traceback); 1 a compile, checkpoint
 or run error; 143 / 138 stopped by SIGTERM / SIGUSR1 after a checkpoint (:mod:`csrun.run.preemption`);
-130 Ctrl-C.
+130 Ctrl-C (in training: after a checkpoint at the next step; a second Ctrl-C, or one outside
+training, stops at once).
 
 Modules: :mod:`~csrun.run.cli_args` (flags, overrides, path), :mod:`~csrun.run.params` (YAML
 schema), :mod:`~csrun.run.runner` (orchestration), :mod:`~csrun.run.loops` (train/eval),

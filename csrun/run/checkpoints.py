@@ -31,8 +31,9 @@ CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)\.mdl$")
 __all__ = ["CHECKPOINT_RE", "CheckpointError", "Found", "checkpoint_path", "latest_valid", "list_checkpoints",
            "load_checkpoint", "prune_checkpoints", "save_checkpoint", "set_aside_earlier_run"]
 
-EARLIER_RUN_FOLDERS = ("losses", "train", "eval", "performance")
-"""What a run writes beside its checkpoints (the compile folders ``cs_<hash>`` stay: they are reusable)."""
+EARLIER_RUN_FOLDERS = ("losses", "train", "eval", "performance", ".csrun_idle_preemptions")
+"""What a run writes beside its checkpoints (the compile folders ``cs_<hash>`` stay: they are reusable;
+the last: :data:`csrun.run.preemption.IDLE_FILE`, the run's count of fruitless preemptions)."""
 
 
 def checkpoint_path(model_dir: Path, step: int) -> Path:

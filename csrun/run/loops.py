@@ -120,7 +120,7 @@ class _StepBook:
 
     def __init__(self, s: TrainSetup) -> None:
         self.s = s
-        self.last_time = self.started = time.perf_counter()
+        self.last_time = time.perf_counter()
         self.last_step = s.start_step
         self.last_loss: float | None = None
         self.rate: float | None = None
@@ -185,9 +185,7 @@ class _StepBook:
                 s.scalars.flush()
                 if s.losses is not None:
                     s.losses.flush()
-                elapsed = now - self.started
-                done = step - s.start_step
-                eta = elapsed / done * (s.target_step - step) if done > 0 else None
+                elapsed, eta = s.progress.timing(step)
                 s.progress.log(log_line(step, s.target_step, loss, lr, self.rate or 0.0, elapsed=elapsed, eta=eta))
         s.progress.step(step, loss, self.rate)
         if step == s.target_step or (s.checkpoint_steps and step % s.checkpoint_steps == 0):

@@ -10,10 +10,13 @@ the streamers) and run() returns ``128 + signal number`` — 143 for SIGTERM, 13
 for ``#SBATCH --signal=B:USR1@60`` requeues itself on that exit code and continues with
 ``--resume``. A second signal of the same kind while the first is pending is ignored.
 
-Ctrl-C (SIGINT) on the chief means the same, under any launcher or none: the first says in one
-line that the run saves a checkpoint at its next step and stops (exit 130, not requeued); a
-second, while that is pending, is Python's KeyboardInterrupt (stop at once, exit 130, nothing
-more saved). ``csrun_wse`` turns its own Ctrl-C into the preemption signal for the step
+Ctrl-C (SIGINT) on the chief means the same while it trains, under any launcher or none: the
+first says in one line that the run saves a checkpoint at its next step and stops (exit 130,
+not requeued, not counted as a fruitless preemption); a second, while that is pending, is
+Python's KeyboardInterrupt (stop at once, exit 130, nothing more saved). The same SIGINT twice
+within :data:`SAME_CTRL_C_S` counts once (a terminal signals the launcher's whole group, and a
+launcher passes its copy on). Outside the training loop (setup, a compile, eval) Ctrl-C stops at
+once. ``csrun_wse`` turns its own Ctrl-C into the preemption signal for the step
 (:class:`csrun.launch.supervisor.Interrupt`), so the tasks see the same meaning there.
 
 Requeues that gain nothing: :func:`account_preemption` counts, in ``model_dir``'s
@@ -29,7 +32,7 @@ Asking to be requeued: the batch script of ``csrun_wse --use-sbatch`` sets
 global step there (:func:`ask_to_requeue`), and the script requeues only then, so a command
 that was simply killed by the signal (exit code ``128 + signal`` as well) is not requeued.
 
-On streamers both signals are ignored while they stream: Slurm signals every task of the
+On streamers the preemption signals and SIGINT are ignored while they stream: Slurm signals every task of the
 step, and a streamer that died first would make the chief's last step fail; the chief
 stops them when it has saved. (A streamer left without its chief ends on its stream
 timeout.)
@@ -40,6 +43,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -50,6 +54,9 @@ from csrun.launch.preempt_signal import MAX_IDLE_REQUEUES_ENV, max_idle_requeues
 
 REQUEUE_FILE_ENV = REQUEUE_FILE.name
 """Set by ``csrun_wse --use-sbatch``'s batch script: where a preempted run says "requeue me"."""
+SAME_CTRL_C_S = 0.25
+"""Two SIGINTs closer than this are one Ctrl-C (a terminal's and a launcher's copy come within
+milliseconds; a person's second press comes later)."""
 IDLE_FILE = ".csrun_idle_preemptions"
 """In model_dir: how many preemptions in a row ended a run without a gained step."""
 
@@ -80,12 +87,20 @@ class Preemption:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.stops_at_steps = False
+        """True while a training loop checks the flag at its step boundaries (the runner sets it
+        around the loop); elsewhere (setup, compile, eval) Ctrl-C is Python's KeyboardInterrupt."""
+        self._interrupted_at = 0.0
         self._old: dict[int, object] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT:
-            if self.signum is not None:  # a second Ctrl-C: stop now
+            now = time.monotonic()
+            if self._interrupted_at and now - self._interrupted_at < SAME_CTRL_C_S:
+                return  # the same Ctrl-C twice: the terminal's, and a launcher's copy of it
+            if self.signum is not None or not self.stops_at_steps:  # a second Ctrl-C, or no step to stop at
                 raise KeyboardInterrupt
+            self._interrupted_at = now
             print("\ninterrupted (Ctrl-C): saving a checkpoint at the next step, then stopping "
                   "(Ctrl-C again stops at once)", file=sys.stderr, flush=True)
         if self.signum is None:

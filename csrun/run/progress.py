@@ -23,13 +23,13 @@ bar) or ``lines`` (never; the launcher draws none either).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from typing import Any, Mapping, TextIO
+from typing import Any, TextIO
 
-from csrun.consoles import on_terminal, time_prefix
-from csrun.env_settings import env_name, env_settings
+from csrun.consoles import clock, time_prefix
+from csrun.launch.live_bar import wants_bar
+from csrun.env_settings import env_name
 from csrun.task_exits import ProgressNote, report_progress
 
 PROGRESS_ENV = env_name("progress")
@@ -37,26 +37,12 @@ NOTE_EVERY_S = 0.25
 """How often, at most, the chief rewrites the launcher's progress file."""
 
 
-def wants_bar(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``stream`` is a real terminal worth a redrawing bar (rule in the module manual)."""
-    env = os.environ if environ is None else environ
-    choice = env_settings(environ).progress
-    if choice != "auto":
-        return choice == "bar"
-    return on_terminal(stream, env) and env.get("TERM", "") != "dumb"
-
-
-def _clock(seconds: float) -> str:
-    whole = int(round(seconds))
-    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-
-
 def log_line(step: int, total: int, loss: float, lr: float | None, samples_per_sec: float, *,
              elapsed: float | None = None, eta: float | None = None) -> str:
     """One training log line (``elapsed``: seconds since the first step; ``eta``: seconds left)."""
     lr_part = f", lr {lr:.6g}" if lr is not None else ""
-    time_part = f", {_clock(elapsed)} elapsed" if elapsed is not None else ""
-    time_part += f", ETA {_clock(eta)}" if eta is not None else ""
+    time_part = f", {clock(elapsed)} elapsed" if elapsed is not None else ""
+    time_part += f", ETA {clock(eta)}" if eta is not None else ""
     return f"| Train: step {step}/{total}, loss {loss:.6g}{lr_part}, {samples_per_sec:.1f} samples/s{time_part}"
 
 
@@ -67,7 +53,7 @@ class Progress:
         self.stream = stream or sys.stdout
         self.total = total
         self.start = start
-        self._started = time.monotonic()
+        self._first: tuple[float, int] | None = None  # (when, step) of the first step read: the clock's start
         self._noted = 0.0  # when the launcher's progress file was last written
         use_bar = wants_bar(self.stream) if bar is None else bar
         self._progress: Any = None
@@ -90,14 +76,22 @@ class Progress:
         now = time.monotonic()
         if now - self._noted >= NOTE_EVERY_S or step >= self.total:
             self._noted = now
-            done = step - self.start
-            eta = (now - self._started) / done * (self.total - step) if done > 0 else 0.0
-            report_progress(ProgressNote(step, self.total, loss, samples_per_sec or 0.0, eta))
+            report_progress(ProgressNote(step, self.total, loss, samples_per_sec or 0.0, self.timing(step)[1] or 0.0))
         if self._progress is not None:
             fields: dict[str, Any] = {"loss": f"{loss:.4g}"}
             if samples_per_sec is not None:
                 fields["rate"] = f"{samples_per_sec:.0f}"
             self._progress.update(self._task, completed=step, **fields)
+
+    def timing(self, step: int) -> tuple[float, float | None]:
+        """(seconds since the first step read, seconds left at that pace: None until a step is done
+        after it). The clock starts at the first step read, after the first step's compile."""
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (now, step)
+        first_at, first_step = self._first
+        elapsed = now - first_at
+        return elapsed, (elapsed / (step - first_step) * (self.total - step) if step > first_step else None)
 
     def log(self, line: str) -> None:
         """Print a log line (above the bar when there is one; off a terminal after the time of day)."""

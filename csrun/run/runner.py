@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -91,8 +92,9 @@ def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any]
     restarts = cluster_info().restart_count
     if restarts and not rc.resume:
         _say(f"this job was requeued by Slurm (restart {restarts}): resuming from the latest checkpoint in {model_dir}")
-    if rc.resume and rc.start_over:
-        raise ConfigError("--resume continues the run in model_dir and --start_over sets it aside: give one of them")
+    if rc.start_over and (rc.resume or rc.checkpoint_path):
+        raise ConfigError(f"--start_over sets the run in model_dir aside and trains from step 0: it does not go with "
+                          f"{'--resume' if rc.resume else '--checkpoint_path'}; give one of them")
     if rc.resume or restarts:
         found = latest_valid(model_dir)
         if found is not None:
@@ -115,8 +117,7 @@ def _checkpoint_to_load(params: Params, model_dir: Path) -> tuple[dict[str, Any]
             return found.state, str(found.path)
         raise ConfigError(f"--mode eval: no valid checkpoint in {model_dir} to evaluate; give --checkpoint_path PATH "
                           f"(or train into this model_dir first): random weights are never scored")
-    compiling = rc.compile_only or rc.validate_only  # no step runs: nothing beside the earlier run is written
-    earlier = list_checkpoints(model_dir) if rc.mode in ("train", "train_and_eval") and not compiling else []
+    earlier = list_checkpoints(model_dir) if rc.mode in ("train", "train_and_eval") else []
     if earlier and rc.start_over:
         _say(f"--start_over: the earlier run's checkpoints, losses and summaries moved into "
              f"{set_aside_earlier_run(model_dir)}; training from step 0")
@@ -358,6 +359,7 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         _say(loops.MSG_SAVED.format(0))
         last_saved = 0
     progress = Progress(start=start, total=target)
+    preemption.stops_at_steps = True
     try:
         if preemption.requested:  # signalled before the first step (setup, data, restore): no step gained
             raise Preempted(preemption.signum or 15, start, saved=False)
@@ -371,9 +373,11 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
             keep_steps=keep_steps))
         clear_idle_preemptions(model_dir)
     except Preempted as exc:
-        account_preemption(model_dir, start, exc)
+        if exc.signum != signal.SIGINT:  # Ctrl-C: stopped by hand, not a fruitless preemption
+            account_preemption(model_dir, start, exc)
         raise
     finally:
+        preemption.stops_at_steps = False
         scalars.close()
         if losses is not None:
             losses.close()

@@ -7,7 +7,7 @@ or torch_xla's ``metrics_report`` do::
       wall time        0:00:04 (4.2 s, from run.py's start)
       steps            0 -> 300 (300 this run)
       final loss       0.0473
-      samples/s        71234.5 (mean over the steps, input included)
+      samples/s        71234.5 (21300 samples, input included)
       last checkpoint  model_dir/fc_mnist/checkpoint_300.mdl
       TensorBoard      tensorboard --logdir model_dir/fc_mnist (events in .../train)
       files            model_dir/fc_mnist/performance/train/summary.json
@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from csrun.consoles import clock
 from csrun.env_settings import TASK_LOG_DIR
 from csrun.files import atomic_write
 
@@ -45,11 +46,6 @@ class RunSummary:
     tensorboard_dir: str
     model_dir: str
     log_dir: str | None = None
-
-
-def _clock(seconds: float) -> str:
-    whole = int(seconds)
-    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
 def summary_path(model_dir: Path, mode: str) -> Path:
@@ -77,7 +73,7 @@ def render(summary: RunSummary) -> list[str]:
              else f"{s.start_step} -> {s.end_step} ({s.end_step - s.start_step} this run)")
     loss = "-" if s.final_loss is None else f"{s.final_loss:.6g}"
     lines = [f"Run summary ({s.mode})",
-             f"  wall time        {_clock(s.wall_time_s)} ({s.wall_time_s:.1f} s, from run.py's start)",
+             f"  wall time        {clock(s.wall_time_s)} ({s.wall_time_s:.1f} s, from run.py's start)",
              f"  steps            {steps}",
              f"  {'eval loss' if evaluating else 'final loss'}       {loss}",
              f"  samples/s        {s.samples_per_sec:.1f} ({s.samples} samples, input included)"]

@@ -46,7 +46,7 @@ from collections import deque
 from typing import Any
 
 from csrun.stream.errors import BatchError
-from csrun.task_exits import last_word
+from csrun.task_exits import describe, last_word
 from csrun.stream.refill import REFILL_WATCH, check_untouched, sent_in_place
 from csrun.stream.schema import Schema
 from csrun.stream.source import EPOCH_END, BatchSource
@@ -188,8 +188,7 @@ def _send_json(comm: Any, chief: int, kind: int, a: int, doc: dict[str, Any]) ->
 
 def _fail(comm: Any, chief: int, rank: int, node: str, sent: int, exc: Exception, credit: _Credit) -> None:
     MPI = mpi()
-    lines = str(exc).strip().splitlines()
-    last = f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
+    last = describe(exc)
     text = traceback.format_exc()
     last_word(1, rank, node, f"its input pipeline failed: {last}")  # this task's failure is the job's, whoever aborts it
     sys.stderr.write(f"csrun: streamer rank {rank} (node {node}) failed in its input pipeline:\n{text}")

@@ -60,7 +60,8 @@ def launch_env(request: pytest.FixtureRequest, no_slurm_env: dict[str, str]) -> 
 def test_one_ctrl_c_saves_and_stops_and_resume_continues(launch_env: dict[str, str], tmp_path: Path) -> None:
     code, output, took, md, params_doc, params = interrupted(launch_env, tmp_path, 1)
     assert code == 130, output[-3000:]
-    assert "csrun_wse: interrupted: the job saves a checkpoint at its next step and stops" in output, output[-3000:]
+    assert "csrun_wse: interrupted: the job stops (a training run.py saves a checkpoint at its next step first)" in output, \
+        output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     saved = sorted(md.glob("checkpoint_*.mdl"))
     assert len(saved) == 1, output[-3000:]
@@ -82,3 +83,18 @@ def test_a_second_ctrl_c_stops_at_once(launch_env: dict[str, str], tmp_path: Pat
     assert took < END_WITHIN_S, f"{took:.1f} s"
     time.sleep(1)
     assert not still_running(md)
+
+
+def test_the_jobs_own_emulator_ignores_the_preemption_signals() -> None:
+    """csrun_wse --emulator: Ctrl-C sends the step's group the preemption signal; the job's cs_emulator
+    is in that group and must outlive it, or the chief could not fetch the weights it saves."""
+    from csrun.launch.job_emulator import _server_preexec
+
+    child = subprocess.Popen(["sleep", "30"], preexec_fn=_server_preexec)
+    try:
+        ignored = int(next(line.split()[1] for line in Path(f"/proc/{child.pid}/status").read_text().splitlines()
+                           if line.startswith("SigIgn:")), 16)
+        assert ignored & (1 << (signal.SIGUSR1 - 1)) and ignored & (1 << (signal.SIGUSR2 - 1))
+    finally:
+        child.kill()
+        child.wait()

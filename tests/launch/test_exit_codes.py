@@ -98,3 +98,39 @@ def test_a_streamers_traceback_is_labelled_and_its_cause_named(no_slurm_env: dic
     assert trace and all(line.startswith("[rank 1] ") for line in trace if "csrun" not in line), trace
     assert ("exited with code 1 (its input pipeline failed: RuntimeError: a bug in the input pipeline); ending the job"
             in output), output
+
+
+def test_a_task_whose_wrapper_still_drains_is_not_counted_killed(tmp_path: Path) -> None:
+    """The command has ended, its wrapper is still copying its last lines (no report yet): the task
+    is not "killed"; once the wrapper reports 0 nothing failed. A wrapper gone without a report is."""
+    import socket
+    import time as clock
+
+    from csrun.task_exits import KILLED, SETTLE_S, TaskWatch, report_exit
+
+    command = subprocess.Popen(["true"])
+    wrapper = subprocess.Popen(["sleep", "30"])
+    command.wait()
+    namespace = os.readlink("/proc/self/ns/pid")
+    (tmp_path / "start.1").write_text(f"{command.pid} {wrapper.pid} {namespace} {socket.gethostname()} vm\n")
+    watch = TaskWatch(str(tmp_path))
+    try:
+        deadline = clock.monotonic() + SETTLE_S * 3
+        while clock.monotonic() < deadline:
+            watch.wait(0.05)
+            assert watch.first_failure() is None  # the command's end alone says nothing yet
+        report_exit(str(tmp_path), 1, "vm", 0)
+        assert watch.first_failure() is None
+        (tmp_path / "exit.1").unlink()
+        wrapper.kill()
+        wrapper.wait()
+        deadline = clock.monotonic() + SETTLE_S * 4
+        found = None
+        while found is None and clock.monotonic() < deadline:
+            watch.wait(0.05)
+            found = watch.first_failure()
+        assert found is not None and found.code == KILLED and not found.reported, found
+    finally:
+        watch.close()
+        if wrapper.poll() is None:
+            wrapper.kill()

@@ -494,6 +494,11 @@ class Engine:
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]) \
             if self.params else torch.zeros(0)
 
+    def gradient_mask(self) -> torch.Tensor:
+        """1.0 for each trainable weight that holds a gradient, 0.0 for one that has none (float32, in
+        :attr:`params` order): a weight no loss reached keeps ``grad`` None, which optimizers skip."""
+        return torch.tensor([float(p.grad is not None) for p in self.params], dtype=torch.float32)
+
     def clear_gradients(self) -> None:
         """Drop the gradients the device holds."""
         self._clear_gradients()
@@ -504,19 +509,23 @@ class Engine:
             raise RuntimeError("an eval engine has no loss scale")
         self.scaler.state.scale = float(scale)
 
-    def apply_gradients(self, flat: torch.Tensor, plan: StepPlan = FULL_STEP) -> dict[str, torch.Tensor]:
+    def apply_gradients(self, flat: torch.Tensor, plan: StepPlan = FULL_STEP,
+                        present: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Take ``flat`` (:meth:`flat_weights`' layout) as this step's loss-scaled gradients and run
         the update as :meth:`run_step` does after its backward: unscale and overflow check (an
         overflow skips the update and moves the scale once), clipping, the optimizer with the
-        schedule's rate for the global step, the loss-scale update. Returns ``lr``, ``loss_scale``
-        (the values this step used), ``global_step`` (after it) and, with clipping, ``grad_norm``."""
+        schedule's rate for the global step, the loss-scale update. ``present`` (:meth:`gradient_mask`'s
+        layout): weights marked 0 get no gradient (None), as in a step that did not reach them.
+        Returns ``lr``, ``loss_scale`` (the values this step used), ``global_step`` (after it) and,
+        with clipping, ``grad_norm``."""
         if self.scaler is None or self.optimizer is None:
             raise RuntimeError("an eval engine has no update")
         rates = self._rates(self._step)
         offset = 0
-        for p in self.params:
+        for i, p in enumerate(self.params):
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
+            reached = present is None or bool(present[i] > 0)
+            p.grad = flat[offset:offset + n].view_as(p).to(p, copy=True) if reached else None
             offset += n
         out: dict[str, Any] = {
             "lr": torch.full((), rates[0] if isinstance(rates, list) else rates, dtype=torch.float32, device=self.device),

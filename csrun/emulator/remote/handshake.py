@@ -73,9 +73,10 @@ def check_nonce(value: Any, who: str) -> str:
 
 
 def check_job_id(value: Any) -> str:
-    """``value`` if it is a usable job id (a non-empty string of at most 256 characters)."""
-    if not isinstance(value, str) or not value or len(value) > MAX_JOB_ID_CHARS:
-        raise ProtocolError(f"hello needs a job_id string of 1 to {MAX_JOB_ID_CHARS} characters")
+    """``value`` if it is a usable job id (a non-empty printable string of at most 256 characters:
+    it reaches other jobs' terminals, in the queue's messages, and the server's log)."""
+    if not isinstance(value, str) or not value or len(value) > MAX_JOB_ID_CHARS or not value.isprintable():
+        raise ProtocolError(f"hello needs a job_id string of 1 to {MAX_JOB_ID_CHARS} printable characters")
     return value
 
 

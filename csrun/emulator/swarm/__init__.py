@@ -12,7 +12,9 @@ One step's messages (swarm communicator: MemoryX and the N systems):
 
 1. MemoryX -> every system, ``Bcast``: the weights and the loss scale (one float32 vector);
 2. each system: forward and backward of its shard (batch size B) at that scale;
-3. every system -> MemoryX, ``Reduce(SUM)``: the weight gradients (MemoryX adds zeros);
+3. every system -> MemoryX, ``Reduce(SUM)``: the weight gradients, then one flag per weight
+   saying whether the system's step reached it (MemoryX adds zeros; a weight no system reached
+   gets no gradient, which the optimizer skips, as on one system);
 4. MemoryX: the sum over N (the mean over the global batch N·B), unscale and overflow check (an
    overflow on any system is an inf in the sum: the step is skipped on all and the scale moves
    once), clipping, the optimizer with the schedule's rate, the scaler's update.

@@ -35,10 +35,10 @@ class MemoryXRole:
         _check(engine)
         self.engine = engine
         self.swarm = swarm
-        size = engine.flat_weights().numel()
+        size, self._weights = engine.flat_weights().numel(), len(engine.params)
         self._outgoing = torch.zeros(size + 1, dtype=torch.float32)  # the weights, then the loss scale
-        self._zeros = torch.zeros(size, dtype=torch.float32)  # MemoryX's share of the sum
-        self._total = torch.zeros(size, dtype=torch.float32)
+        self._zeros = torch.zeros(size + self._weights, dtype=torch.float32)  # MemoryX's share of the sum
+        self._total = torch.zeros(size + self._weights, dtype=torch.float32)  # gradients, then who had one
 
     def step(self, plan: StepPlan = FULL_STEP) -> dict[str, torch.Tensor]:
         """Broadcast the weights and the scale, sum the systems' gradients, update; the step's
@@ -49,7 +49,8 @@ class MemoryXRole:
         self._outgoing[-1] = scaler.scale
         self.swarm.broadcast(self._outgoing)
         self.swarm.reduce(self._zeros, self._total)
-        return self.engine.apply_gradients(self._total.div_(self.swarm.systems), plan)
+        grads, present = self._total[:-self._weights or None], self._total[len(self._total) - self._weights:]
+        return self.engine.apply_gradients(grads.div_(self.swarm.systems), plan, present=present)
 
 
 class SystemRole:
@@ -60,7 +61,8 @@ class SystemRole:
         self.engine = engine
         self.swarm = swarm
         self._incoming = torch.zeros(engine.flat_weights().numel() + 1, dtype=torch.float32)
-        self._grads = torch.zeros(engine.flat_weights().numel(), dtype=torch.float32)
+        self._size = engine.flat_weights().numel()
+        self._grads = torch.zeros(self._size + len(engine.params), dtype=torch.float32)  # gradients, then who had one
 
     def step(self, shard: Any) -> dict[str, torch.Tensor]:
         """Take the weights and scale, run ``shard``'s forward and backward, hand the gradients to
@@ -69,7 +71,8 @@ class SystemRole:
         self.engine.load_flat_weights(self._incoming[:-1])
         self.engine.set_loss_scale(float(self._incoming[-1]))
         out = self.engine.run_step(shard, plan=HOLD)
-        self._grads.copy_(self.engine.flat_gradients())
+        self._grads[:self._size].copy_(self.engine.flat_gradients())
+        self._grads[self._size:].copy_(self.engine.gradient_mask())
         self.engine.clear_gradients()
         self.swarm.reduce(self._grads)
         return {k: v for k, v in out.items() if k not in ("lr", "loss_scale", "global_step")}
