@@ -279,3 +279,24 @@ def read_progress(state_dir: str) -> ProgressNote | None:
     if not (0 <= note.step <= note.total and math.isfinite(note.rate) and math.isfinite(note.eta) and note.eta >= 0):
         return None  # what a person reads is numbers that make sense (a NaN loss is shown as it is)
     return note
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m csrun.task_exits STATE_DIR``: the first failure of an ended job's state folder,
+    as ``code<TAB>rank<TAB>node<TAB>cause`` (nothing when no task failed); for a batch script."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m csrun.task_exits STATE_DIR", file=sys.stderr)
+        return 2
+    watch = TaskWatch(args[0])
+    try:
+        found = watch.first_failure(final=True)
+    finally:
+        watch.close()
+    if found is not None:
+        print("\t".join((str(found.code), str(found.rank), found.node or "?", found.cause)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,21 +48,21 @@ TASK_CODES = """\
 export CSRUN_JOB_STATE={log_dir}/"$SLURM_JOB_ID/.tasks.${{SLURM_RESTART_COUNT:-0}}"
 mkdir -p "$CSRUN_JOB_STATE"
 csrun_task_code() {{  # the first failed task's own exit code (srun reports 137/143 for the tasks it ended)
-    local f code node first=""
-    for f in $(ls -tr "$CSRUN_JOB_STATE"/last.* "$CSRUN_JOB_STATE"/exit.* 2>/dev/null); do
-        read -r code node _ < "$f"
-        if [ "$code" != 0 ]; then
-            echo "csrun: task rank ${{f##*.}} on $node exited with code $code" >&2
-            first=$code
-            break
-        fi
-    done
+    local found code rank node cause
+    found=$({python} -m csrun.task_exits "$CSRUN_JOB_STATE" 2>/dev/null)
     rm -rf "$CSRUN_JOB_STATE"
-    echo "${{first:-$1}}"
+    if [ -n "$found" ]; then
+        IFS=$'\\t' read -r code rank node cause <<< "$found"
+        echo "csrun: task rank $rank on $node exited with code $code${{cause:+ ($cause)}}" >&2
+        echo "$code"
+    else
+        echo "$1"
+    fi
 }}
 """
 """Every task runs under csrun.launch.task, which writes its command's exit code here; the job
-exits with the first failed task's own code, as csrun_wse's supervisor does."""
+exits with the first failed task's own code, by the supervisor's rule (``python -m
+csrun.task_exits``: the reports' and last words' own times, not file times)."""
 
 PLAIN_BODY = """\
 {step}
@@ -142,7 +143,7 @@ def hetjob_script(
         step += task_command(command)
     lines += ["", "# one step over every component: the chief (rank 0) on the GRES node, the streamers after it"]
     quoted_dir = shlex.quote(str(log_dir))
-    lines.append(TASK_CODES.format(log_dir=quoted_dir))
+    lines.append(TASK_CODES.format(log_dir=quoted_dir, python=shlex.quote(sys.executable)))
     if preempt_lead:
         lines.append(PREEMPTION_BODY.format(step=shlex.join(step), sig=sig.name[3:], log_dir=quoted_dir))
     else:

@@ -15,11 +15,12 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, follow
+from tests.conftest import BIN, base_env, follow
 
 SCRIPT = Path(__file__).parent / "scripts" / "failing_task.py"
 ROUNDS = 3
@@ -134,3 +135,21 @@ def test_a_task_whose_wrapper_still_drains_is_not_counted_killed(tmp_path: Path)
         watch.close()
         if wrapper.poll() is None:
             wrapper.kill()
+
+
+def test_a_batch_jobs_first_failure_is_by_the_tasks_own_times(tmp_path: Path) -> None:
+    """``python -m csrun.task_exits STATE`` (the batch script's rule): the reports' own times decide,
+    not the order the files were written in; a last word counts before its wrapper's report."""
+    (tmp_path / "exit.2").write_text("1 cs-w2 200.0 RuntimeError: lost my peer\n")  # written first, ended later
+    (tmp_path / "exit.1").write_text("137 cs-w1 150.0\n")
+    (tmp_path / "last.1").write_text("9 cs-w1 149.5 SystemExit from the input pipeline\n")
+    (tmp_path / "exit.0").write_text("0 cs-chief 100.0\n")
+    done = subprocess.run([sys.executable, "-m", "csrun.task_exits", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env=base_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "9\t1\tcs-w1\tSystemExit from the input pipeline\n"
+    for f in tmp_path.iterdir():
+        f.unlink()
+    done = subprocess.run([sys.executable, "-m", "csrun.task_exits", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env=base_env())
+    assert done.returncode == 0 and done.stdout == ""  # no failure: the script keeps srun's code
