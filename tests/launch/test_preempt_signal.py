@@ -79,7 +79,7 @@ def test_the_script_requeues_only_a_run_that_asked(tmp_path: Path, step: str, re
     fake.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
     fake.chmod(0o755)
     (tmp_path / "step.py").write_text(step)
-    body = TASK_CODES.format(log_dir=str(logs)) + PREEMPTION_BODY.format(
+    body = TASK_CODES.format(log_dir=str(logs), python=sys.executable) + PREEMPTION_BODY.format(
         step=f"{sys.executable} {tmp_path / 'step.py'} {ready}", sig="USR1", log_dir=str(logs))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"}
     env.pop("SLURM_RESTART_COUNT", None)
