@@ -139,7 +139,8 @@ from csrun.task_exits import install_last_word as _install_last_word
 from csrun.cluster import cluster_info as _cluster_info
 
 _install_user_error_hook()  # a UserError ending a script is one line (csrun.torch.user_errors)
-_install_last_word(_cluster_info().rank, _cluster_info().node_name)  # a failing task says so before MPI_Abort (csrun.task_exits)
+_task = _cluster_info()
+_install_last_word(_task.rank, _task.node_name)  # a failing task says so before MPI_Abort (csrun.task_exits)
 
 
 def module(model: torch.nn.Module, device: Any = None) -> torch.nn.Module:

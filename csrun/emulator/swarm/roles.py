@@ -35,10 +35,10 @@ class MemoryXRole:
         _check(engine)
         self.engine = engine
         self.swarm = swarm
-        size, self._weights = engine.flat_weights().numel(), len(engine.params)
+        self._size = size = engine.flat_weights().numel()
         self._outgoing = torch.zeros(size + 1, dtype=torch.float32)  # the weights, then the loss scale
-        self._zeros = torch.zeros(size + self._weights, dtype=torch.float32)  # MemoryX's share of the sum
-        self._total = torch.zeros(size + self._weights, dtype=torch.float32)  # gradients, then who had one
+        self._zeros = torch.zeros(size + len(engine.params), dtype=torch.float32)  # MemoryX's share of the sum
+        self._total = torch.zeros(size + len(engine.params), dtype=torch.float32)  # gradients, then who had one
 
     def step(self, plan: StepPlan = FULL_STEP) -> dict[str, torch.Tensor]:
         """Broadcast the weights and the scale, sum the systems' gradients, update; the step's
@@ -49,7 +49,7 @@ class MemoryXRole:
         self._outgoing[-1] = scaler.scale
         self.swarm.broadcast(self._outgoing)
         self.swarm.reduce(self._zeros, self._total)
-        grads, present = self._total[:-self._weights or None], self._total[len(self._total) - self._weights:]
+        grads, present = self._total[:self._size], self._total[self._size:]
         return self.engine.apply_gradients(grads.div_(self.swarm.systems), plan, present=present)
 
 
