@@ -6,6 +6,13 @@ Every task of a job runs the same script; this module tells it its rank, its rol
 the **chief**, every other rank a **streamer**), its node and the size of the job. Nothing
 else in csrun reads ``SLURM_*`` or ``PMI_*`` variables.
 
+A job of a cluster of N > 1 systems (``csrun_wse --num-csx N``, which sets ``CSRUN_NUM_CSX``)
+has two more roles, in rank order: ranks 1..N are the **systems** and rank N+1 is **MemoryX**
+(:mod:`csrun.emulator.swarm`); the streamers are the ranks after. The chief and the streamers
+form the job's *input* group (:attr:`ClusterInfo.input_tasks`, :attr:`ClusterInfo.input_rank`:
+the chief 0, the streamers 1..S), which is what the user API's ``num_tasks()`` and collectives
+count.
+
 Variables read, first match wins for each item:
 
 rank
@@ -51,10 +58,13 @@ from dataclasses import dataclass
 from typing import Mapping
 
 
-from csrun.env_settings import LAUNCH_MODE, LAUNCHER
+from csrun.env_settings import LAUNCH_MODE, LAUNCHER, NUM_CSX
+from csrun.errors import ConfigError
 
 CHIEF = "chief"
 STREAMER = "streamer"
+SYSTEM = "system"
+MEMORYX = "memoryx"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,11 +97,22 @@ class ClusterInfo:
     node_step: str = ""
     """Inside a plain (not heterogeneous) Slurm step: ``<job>.<step>-node<node id>``, the same for
     every task of the step on this node; else ``""``."""
+    num_csx: int = 1
+    """The systems of the job's cluster (``CSRUN_NUM_CSX``); 1: one system, no cluster roles."""
+
+    @property
+    def swarm_tasks(self) -> int:
+        """The cluster's systems and MemoryX (N + 1 when N > 1; 0 for one system)."""
+        return self.num_csx + 1 if self.num_csx > 1 else 0
 
     @property
     def role(self) -> str:
-        """``chief`` for rank 0, ``streamer`` for every other rank."""
-        return CHIEF if self.rank == 0 else STREAMER
+        """``chief`` for rank 0; ``system`` / ``memoryx`` for a cluster's ranks 1..N / N+1; else ``streamer``."""
+        if self.rank == 0:
+            return CHIEF
+        if self.rank <= self.swarm_tasks:
+            return SYSTEM if self.rank <= self.num_csx else MEMORYX
+        return STREAMER
 
     @property
     def is_chief(self) -> bool:
@@ -99,16 +120,34 @@ class ClusterInfo:
         return self.rank == 0
 
     @property
+    def in_swarm(self) -> bool:
+        """True on a cluster's system and MemoryX tasks (they run no user code)."""
+        return self.role in (SYSTEM, MEMORYX)
+
+    @property
+    def input_tasks(self) -> int:
+        """The chief and the streamers: the tasks of the input group."""
+        return self.num_tasks - self.swarm_tasks
+
+    @property
+    def input_rank(self) -> int:
+        """Rank in the input group (the chief 0, the streamers 1..S); -1 on a system or MemoryX."""
+        if self.rank == 0:
+            return 0
+        return -1 if self.in_swarm else self.rank - self.swarm_tasks
+
+    @property
     def num_streamers(self) -> int:
         """How many tasks stream input to the chief (0 when the chief runs alone)."""
-        return self.num_tasks - 1
+        return self.input_tasks - 1
 
     @property
     def streaming_rank(self) -> int:
-        """This streamer's index among the streamers (0-based); 0 on a lone chief; -1 on a chief with streamers."""
+        """This streamer's index among the streamers (0-based); 0 on a lone chief; -1 on a chief with
+        streamers, and on a system or MemoryX."""
         if self.rank == 0:
-            return 0 if self.num_tasks == 1 else -1
-        return self.rank - 1
+            return 0 if self.input_tasks == 1 else -1
+        return self.input_rank - 1 if self.input_rank > 0 else -1
 
 
 def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
@@ -179,7 +218,32 @@ def cluster_info(environ: Mapping[str, str] | None = None) -> ClusterInfo:
         allocation_tasks=allocation if allocation > 1 else 0,
         local_tasks=local_tasks,
         node_step=node_step,
+        num_csx=_num_csx(env),
     )
+
+
+def _num_csx(env: Mapping[str, str]) -> int:
+    """``CSRUN_NUM_CSX`` as a count of systems; 1 when unset. Set by the launcher: a bad value is a
+    :class:`~csrun.errors.ConfigError` naming it."""
+    raw = env.get(NUM_CSX.name, "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{NUM_CSX.name}={raw!r}: the job's number of systems must be a whole number >= 1 "
+                          "(csrun_wse --num-csx sets it; unset it for one system)")
+    return int(raw)
+
+
+def cluster_role(rank: int, num_csx: int) -> str:
+    """What rank ``rank`` of a job of ``num_csx`` systems is, for a failure's line: ``system 1 of 2``,
+    ``MemoryX``, ``chief``, ``streamer``; ``""`` in a job of one system (no cluster roles)."""
+    if num_csx <= 1:
+        return ""
+    if rank == 0:
+        return CHIEF
+    if rank <= num_csx:
+        return f"system {rank} of {num_csx}"
+    return "MemoryX" if rank == num_csx + 1 else STREAMER
 
 
 def allocation_notice(info: ClusterInfo) -> str | None:
@@ -192,7 +256,12 @@ def allocation_notice(info: ClusterInfo) -> str | None:
 
 def describe(info: ClusterInfo) -> str:
     """One line saying who this task is, e.g. ``rank 1/4 streamer 0 on cs-w1 (csrun_wse, slurm job 12)``."""
-    who = info.role if info.is_chief else f"{info.role} {info.streaming_rank}"
+    if info.role == STREAMER:
+        who = f"{info.role} {info.streaming_rank}"
+    elif info.role == SYSTEM:
+        who = f"system {info.rank} of {info.num_csx}"
+    else:
+        who = info.role
     how = ", ".join(x for x in (info.launcher, info.launch_mode, f"job {info.job_id}" if info.job_id else "") if x)
     return f"rank {info.rank}/{info.num_tasks} {who} on {info.node_name}" + (f" ({how})" if how else "")
 

@@ -120,8 +120,12 @@ JOB_LABEL = Variable("CSRUN_JOB_LABEL", "the job's name in task log file names (
 JOB_STATE = Variable("CSRUN_JOB_STATE", "the folder where each task records how it exited", "contract")
 REQUEUE_FILE = Variable("CSRUN_REQUEUE_FILE", "the file the chief writes to ask the batch script for a requeue",
                         "contract")
+NUM_CSX = Variable("CSRUN_NUM_CSX", "the systems of the job's cluster (csrun_wse --num-csx): ranks 1..N are "
+                   "systems, N+1 is MemoryX, the rest streamers; unset or 1: one system", "contract")
+SYSTEM_DEVICE = Variable("CSRUN_SYSTEM_DEVICE", "the torch device a cluster's system tasks run their engines on "
+                         "(cpu, cuda, cuda:I; csrun_wse --num-csx N --emulator DEVICE)", "contract", "cpu")
 CONTRACT = (LAUNCHER, LAUNCH_MODE, TOTAL_TASKS, TOTAL_NODES, LEGACY_IMPORTS, TASK_LOG_DIR, JOB_LABEL, JOB_STATE,
-            REQUEUE_FILE)
+            REQUEUE_FILE, NUM_CSX, SYSTEM_DEVICE)
 """What a launcher sets for the tasks it starts (:mod:`csrun.launch.environment`)."""
 
 # -- read by the shell, before Python ---------------------------------------------------------------

@@ -15,7 +15,7 @@ Where it comes from, later winning:
 3. ``CSRUN_<KEY>`` environment variables, one per field (``CSRUN_IMAGE``,
    ``CSRUN_WS_IMAGE``, ``CSRUN_MOUNT_DIRS``, ``CSRUN_DEF_NODES``, ``CSRUN_DEF_TASKS_PER_NODE``,
    ``CSRUN_DEF_CPUS_PER_TASK``, ``CSRUN_GRES_RESOURCE``, ``CSRUN_GRES_NODE``,
-   ``CSRUN_PARTITION``, ``CSRUN_ACCOUNT``).
+   ``CSRUN_SYSTEM_NODES``, ``CSRUN_PARTITION``, ``CSRUN_ACCOUNT``).
 
 The fields are read by :mod:`csrun.typed_config`, the one configuration mechanism: an
 unknown key names the file, suggests the closest key and lists the valid keys with their
@@ -61,6 +61,10 @@ class SiteConfig:
     gres_resource: str = setting("cs:1", "the generic resource that stands for the system, asked for by the chief only [GRES_RESOURCE]",
                                  pattern=GRES_PATTERN, what="a Slurm GRES such as 'cs:1' (name[:type]:count)")
     gres_node: str = setting("", "the node that owns that resource; csrun_cpu keeps off it [GRES_NODE]")
+    system_nodes: str = setting("", "the other nodes that hold the resource, as a Slurm hostlist (cs-sys[1-4]): the "
+                                    "systems of a csrun_wse --num-csx N cluster; its chief, MemoryX and streamers, "
+                                    "and csrun_cpu, keep off them; empty: none named (Slurm's GRES alone places the "
+                                    "systems)", pattern=r"[\w.\-\[\],]+", what="a Slurm hostlist such as 'cs-sys[1-4]'")
     partition: str = setting("", "Slurm partition for every job; empty: the cluster's default")
     account: str = setting("", "Slurm account for every job; empty: none given")
 

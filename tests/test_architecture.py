@@ -12,8 +12,20 @@ HOP = re.compile(r"^\d+\. `([\w/]+)\.([\w.]+)`", re.M)
 
 def _hops() -> list[tuple[str, str]]:
     text = (ROOT / "ARCHITECTURE.md").read_text()
-    section = text.split("## One batch", 1)[1]
+    section = text.split("## One batch", 1)[1].split("\n## ", 1)[0]
     return HOP.findall(section)
+
+
+def test_the_cluster_step_names_real_functions() -> None:
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    section = text.split("## One step on a cluster", 1)[1].split("\n## ", 1)[0]
+    names = re.findall(r"`((?:driver|emulator|torch)/[\w/]+)\.([\w.]+)`", section)
+    assert len(names) >= 6, names
+    for module, attr in names:
+        obj = importlib.import_module("csrun." + module.replace("/", "."))
+        for part in attr.split("."):
+            obj = getattr(obj, part)  # AttributeError names the stale name
+        assert callable(obj), (module, attr)
 
 
 def test_the_batch_path_is_at_most_eight_modules_each_entered_once() -> None:

@@ -53,3 +53,29 @@ def test_slurm_counts_only_inside_a_step() -> None:
     assert allocation_notice(step) is None
     one = cluster_info({"SLURM_JOB_ID": "10", "SLURM_NTASKS": "1"})
     assert one.allocation_tasks == 0 and allocation_notice(one) is None
+
+
+def test_a_cluster_job_has_systems_and_memoryx_before_the_streamers() -> None:
+    from csrun.cluster import MEMORYX, SYSTEM
+
+    roles = [cluster_info({"PMI_RANK": str(r), "PMI_SIZE": "6", "CSRUN_NUM_CSX": "2"}) for r in range(6)]
+    assert [i.role for i in roles] == [CHIEF, SYSTEM, SYSTEM, MEMORYX, STREAMER, STREAMER]
+    assert [i.input_rank for i in roles] == [0, -1, -1, -1, 1, 2]
+    assert [i.streaming_rank for i in roles] == [-1, -1, -1, -1, 0, 1]
+    assert {(i.input_tasks, i.num_streamers, i.swarm_tasks) for i in roles} == {(3, 2, 3)}
+    assert [i.in_swarm for i in roles] == [False, True, True, True, False, False]
+    lone = cluster_info({"PMI_RANK": "0", "PMI_SIZE": "4", "CSRUN_NUM_CSX": "2"})
+    assert (lone.input_tasks, lone.num_streamers, lone.streaming_rank) == (1, 0, 0)  # the chief streams itself
+    one = cluster_info({"PMI_RANK": "1", "PMI_SIZE": "3", "CSRUN_NUM_CSX": "1"})
+    assert (one.role, one.swarm_tasks, one.streaming_rank) == (STREAMER, 0, 0)  # one system: no cluster roles
+
+
+def test_a_bad_system_count_names_the_variable() -> None:
+    import pytest
+
+    from csrun.errors import ConfigError
+
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ConfigError) as exc:
+            cluster_info({"CSRUN_NUM_CSX": bad})
+        assert "CSRUN_NUM_CSX" in str(exc.value) and repr(bad) in str(exc.value)

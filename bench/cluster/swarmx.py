@@ -47,7 +47,7 @@ raw_total = torch.zeros(n, dtype=torch.float32).numpy() if rank == 0 else None
 
 def swarm_step():
     swarm.broadcast(weights)
-    swarm.reduce(grads, total)
+    swarm.reduce(total if rank == 0 else grads)
 
 def raw_step():
     comm.Bcast([raw_w, MPI.FLOAT], root=0)

@@ -17,6 +17,31 @@ sits on the node holding the system's GRES:
 * N > 1 with ``--single-task-nodes S``: S one-task components of one node (the first holds
   the GRES), then ``--nodes=N-S --tasks-per-node=T``. 5 nodes, S=2, T=4: 14 tasks.
 
+A Wafer-Scale Cluster, ``--num-csx C`` with C > 1: C emulated systems train one model data
+parallel (each runs the compiled step on its share of the batch), **MemoryX** holds the weights
+and optimizer state and applies the update to their summed gradients, and SwarmX's collectives
+(MPI, in the job's one MPI world) carry weights out and gradients back
+(:mod:`csrun.emulator.swarm`). The step is always heterogeneous, its components giving the ranks
+(:mod:`csrun.cluster`, :func:`csrun.launch.layout.cluster_layout`):
+
+* rank 0, the chief (runs COMMAND): ``--nodes=1 --tasks-per-node=1 --gres=GRES
+  [--exclude=SYSTEM_NODES]``;
+* ranks 1..C, the systems: ``--nodes=C --tasks-per-node=1 --gres=GRES --exclusive
+  --exclude=GRES_NODE`` (one node and one GRES each);
+* rank C+1, MemoryX: ``--nodes=1 --tasks-per-node=1 --exclusive --exclude=GRES_NODE[,SYSTEM_NODES]``;
+* ranks C+2.., the streamers (run COMMAND): the other ``N-C-2`` nodes, ``--tasks-per-node=T``
+  (``--cyclic``, ``--single-task-nodes S``: S-1 one-task streamer nodes first, the chief being the
+  first one-task node), exclusive and off the same nodes as MemoryX.
+
+``N`` (``--total-nodes``, default the site's ``def_nodes`` but at least C+3) counts them all, so it
+must be at least C+3 (the chief, C systems, MemoryX, one streamer node). ``SYSTEM_NODES`` is the
+site's ``system_nodes`` (left out when empty). The system and MemoryX tasks run
+``python -m csrun.emulator.swarm.task`` instead of COMMAND (the task wrapper does it,
+:mod:`csrun.launch.task`); with ``--emulator DEVICE`` no cs_emulator is started: the systems run
+their engines on DEVICE (``CSRUN_SYSTEM_DEVICE``). Every task gets ``CSRUN_NUM_CSX=C``.
+``--use-sbatch`` submits the same components; without Slurm the same tasks, in the same order,
+run here under mpiexec. ``--num-csx 1`` (the default) is the one-system job above, unchanged.
+
 Options (``--opt val`` or ``--opt=val``, dashes or underscores; parsing stops at the first
 word that is not an option):
 
@@ -27,6 +52,9 @@ word that is not an option):
     CPU count (``sinfo``, or this machine's without Slurm).
 ``--single-task-nodes S`` (default 0)
     How many nodes run exactly one task; must be less than the number of nodes.
+``--num-csx C`` (default 1)
+    A Wafer-Scale Cluster of C systems (above); C > 1 needs ``--total-nodes`` >= C+3. A bad
+    value (not a whole number >= 1) is a usage error (exit 2).
 ``--cyclic``
     ``--distribution=cyclic`` for the worker component (default block).
 ``--emulator [DEVICE]``
@@ -34,7 +62,8 @@ word that is not an option):
     ``cuda``, ``cuda:I``), with a token generated for the job (``CSRUN_EMULATOR_TOKEN`` in
     every task's environment) and ``CS_IP`` pointing the chief at it; it is stopped when the
     job ends, whatever the exit. Every task runs under ``python -m csrun.launch.job_emulator``
-    (see there).
+    (see there). With ``--num-csx C`` > 1: no cs_emulator; ``CSRUN_SYSTEM_DEVICE=DEVICE`` for the
+    systems' engines (without ``--emulator`` they run on cpu) and ``CS_IP`` is not passed on.
 ``--mount-dirs a,b``
     Extra container binds, added to the site's (passed on as ``CSRUN_MOUNT_DIRS``).
 ``--legacy-imports``
@@ -83,13 +112,14 @@ word that is not an option):
     Show the options with their defaults.
 
 No Slurm (no ``srun`` on PATH, or no controller answering): says so in one line and runs every
-task of the layout here under ``mpiexec -n <tasks>`` (the one beside this Python, from the
+task of the layout (a cluster's too: chief, systems, MemoryX, streamers) here under ``mpiexec -n <tasks>`` (the one beside this Python, from the
 mpich wheel, else the first on PATH), with the same environment contract.
 
 Environment read: the site config (``CSRUN_SITE_CONFIG``, ``CSRUN_*``),
 ``CSRUN_SLURM_PROBE_TIMEOUT``. Environment set for every task: :mod:`csrun.launch.environment`
 (``CSRUN_LAUNCHER=csrun_wse``, ``CSRUN_LAUNCH_MODE``, ``CSRUN_TOTAL_TASKS``,
-``CSRUN_TOTAL_NODES``, the site's ``CSRUN_*``; with ``--log-dir`` ``CSRUN_TASK_LOG_DIR`` and,
+``CSRUN_TOTAL_NODES``, the site's ``CSRUN_*``; with ``--num-csx C`` > 1 ``CSRUN_NUM_CSX`` and, with
+``--emulator DEVICE``, ``CSRUN_SYSTEM_DEVICE`` (else both removed); with ``--log-dir`` ``CSRUN_TASK_LOG_DIR`` and,
 under mpiexec, ``CSRUN_JOB_LABEL``); ``CS_IP`` passes through.
 
 Every task runs under ``python -m csrun.launch.task`` (which reports how its command ended) and
@@ -121,10 +151,10 @@ from csrun.cli.variables import misspelt
 from csrun.env_settings import check_environment
 from csrun.cli.common import console_entry, run_cli, say, shown
 from csrun.errors import LaunchError, UsageError
-from csrun.launch.environment import legacy_imports_environment, task_environment
+from csrun.launch.environment import cluster_environment, legacy_imports_environment, task_environment
 from csrun.launch.hetjob import hetjob_script, submit_hetjob
 from csrun.launch.jobs import follow_hint, wait_and_report
-from csrun.launch.layout import resolve_tasks_and_cpus, wse_layout
+from csrun.launch.layout import min_cluster_nodes, resolve_tasks_and_cpus, wse_layout
 from csrun.launch.options import SBATCH_LOG_DIR, SITE_QUERIES, WseOptions, help_text, parse_args
 from csrun.launch.slurm_probe import node_cpus, probe_slurm
 from csrun.launch.srun import job_name, mpiexec_argv, wse_srun_argv
@@ -174,21 +204,24 @@ def _body(argv: list[str]) -> int:
         opts.tasks_per_node, opts.cpus_per_task, node_cpus=cpus,
         default_tasks=site.def_tasks_per_node, default_cpus=site.def_cpus_per_task,
     )
+    cluster = opts.num_csx > 1
+    default_nodes = max(site.def_nodes, min_cluster_nodes(opts.num_csx)) if cluster else site.def_nodes
     layout = wse_layout(
-        nodes=opts.total_nodes or site.def_nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
-        single_task_nodes=opts.single_task_nodes, cyclic=opts.cyclic,
+        nodes=opts.total_nodes or default_nodes, tasks_per_node=tasks, cpus_per_task=cpus_per_task,
+        single_task_nodes=opts.single_task_nodes, cyclic=opts.cyclic, num_csx=opts.num_csx,
     )
     env = task_environment(
         launcher=PROG, mode="slurm" if use_slurm else "local", site=site, extra_mounts=opts.mount_dirs,
         total_tasks=layout.total_tasks, total_nodes=layout.total_nodes,
     )
+    cluster_environment(env, num_csx=opts.num_csx, system_device=opts.emulator)
     if opts.legacy_imports:
         env.update(legacy_imports_environment(env))
     if opts.log_dir and not opts.dry_run:
         env.update(task_log_environment(opts.log_dir, slurm=use_slurm))
     command = list(parsed.command)
     name = job_name(PROG, command, opts.job_name)
-    if opts.emulator:
+    if opts.emulator and not cluster:  # a cluster's systems are its device (cluster_environment)
         env["CSRUN_EMULATOR_TOKEN"] = secrets.token_urlsafe(32)
         env.pop("CS_IP", None)
         command = [sys.executable, "-m", "csrun.launch.job_emulator", "--device", opts.emulator, "--", *command]

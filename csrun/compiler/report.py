@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from csrun.cluster import cluster_info
 from csrun.compiler.placement import Plan
 from csrun.compiler.result import CompileResult
 from csrun.consoles import console as log_console
@@ -68,6 +69,7 @@ def summary_lines(plan: Plan) -> list[str]:
                      f"weights stream in at {mx.weight_bandwidth_bytes_per_s / 1e9:,.0f} GB/s, gradients out at "
                      f"{mx.gradient_bandwidth_bytes_per_s / 1e9:,.0f} GB/s, {mx.stream_bytes_per_weight} bytes per element")
     return lines + [
+        *cluster_lines(plan, cluster_info().num_csx),
         f"Memory (estimate): {human_bytes(plan.sram_needed_bytes)} resident at once of {human_bytes(plan.sram_available_bytes)} "
         f"(a layer group, the next group's weights, {plan.micro_batch_size} of {plan.batch_size} samples' activations) - {fit}",
         f"Streamed per step (estimate): {human_bytes(plan.weight_stream_bytes_per_step)} of weights in, "
@@ -75,6 +77,23 @@ def summary_lines(plan: Plan) -> list[str]:
         f"Utilization (estimate): {plan.compute_utilization:.1%} of assumed peak FLOP/s",
         f"Throughput (estimate, streaming overlapped with compute): {plan.est_samples_per_sec:,.2f} samples/s "
         f"(slowest layer group: {plan.bottleneck})",
+    ]
+
+
+def cluster_lines(plan: Plan, num_csx: int) -> list[str]:
+    """The cluster's plan for a weight-streaming program on ``num_csx`` > 1 systems (none for one):
+    the global batch, what SwarmX moves per step and the cluster's throughput, as estimates."""
+    if num_csx <= 1 or plan.memoryx is None:
+        return []
+    mx = plan.memoryx
+    w, g = plan.weight_stream_bytes_per_step, plan.gradient_stream_bytes_per_step
+    seconds = max(w / mx.weight_bandwidth_bytes_per_s, g / mx.gradient_bandwidth_bytes_per_s)
+    return [
+        f"Cluster (estimate): {num_csx} systems x {plan.batch_size} samples = {num_csx * plan.batch_size} samples a step; "
+        f"SwarmX broadcasts {human_bytes(w)} of weights to each system and sums their {human_bytes(g)} of gradients, "
+        f"so MemoryX streams {human_bytes(w)} out and {human_bytes(g)} in a step whatever the number of systems "
+        f"({seconds * 1e6:,.1f} µs at its bandwidths); up to {num_csx * plan.est_samples_per_sec:,.2f} samples/s "
+        f"({num_csx} x one system's)",
     ]
 
 

@@ -59,6 +59,7 @@ from torch.utils.data import DataLoader
 from csrun.compiler.flow import CompileResult, compile_only, exit_code, load_program, settings_with_optimizer
 from csrun.compiler.flow import validate_only as validate_step
 from csrun.compiler.errors import at
+from csrun.compiler.locate import caller_location
 from csrun.compiler.python_state import PythonStateWatch
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
@@ -82,6 +83,9 @@ from csrun.emulator.remote.client import RemoteDevice
 from csrun.emulator.remote.connect import connect_timeout
 from csrun.emulator.device import Device
 from csrun.emulator.embedded import EmbeddedDevice
+from csrun.emulator.swarm.device import ClusterError, cluster_device
+from csrun.driver.cluster_steps import ClusterSteps
+from csrun.stream.wire import mpi
 from csrun.program.step_plan import FULL_STEP, StepPlan
 from csrun.errors import UserError
 from csrun.stream.source import EPOCH_END
@@ -133,12 +137,19 @@ class OpenStep:
     recorder: StepRecorder
     implicit: bool
     """Opened by a model call outside the Session's batches (the call's arguments are the batch)."""
+    extras: list[Any] | None = None
+    """On a cluster: the step's batches for systems 2..N (:mod:`csrun.driver.cluster_steps`)."""
     calls: int = 0
     """Model calls so far."""
 
 
 def open_device(options: DeviceOptions) -> Device:
     """The emulator this run uses: the server at the path's address, else embedded in this process."""
+    if options.num_csx > 1:
+        if options.path.address is not None:
+            raise UserError(f"a cluster of {options.num_csx} systems runs on the job's own system tasks: "
+                            f"--cs_ip / CS_IP ({options.path.address}) is not used with csrun_wse --num-csx; drop it")
+        return cluster_device(comm=mpi().COMM_WORLD, num_csx=options.num_csx, queue_depth=options.queue_depth)
     if options.path.address is not None:
         return RemoteDevice(str(options.path.address), client_token(), options.job_id or str(os.getpid()),
                             queue_depth=options.queue_depth, connect_timeout=connect_timeout())
@@ -204,6 +215,8 @@ class DeviceDriver:
         """The recorded steps whose programs were checked against eager PyTorch (each once)."""
         """Weights whose ``.grad`` is a :class:`~csrun.driver.clipping.DeviceGradient` (the first step)."""
         self._atexit = False
+        self.cluster = ClusterSteps(options.num_csx, log.warning) if options.num_csx > 1 else None
+        """On a cluster of systems: gathers each step's N batches."""
 
     # -- wrapping the user's objects ----------------------------------------------------------
 
@@ -375,8 +388,13 @@ class DeviceDriver:
         step receives it, or ``EPOCH_END`` from ``fetch``."""
         if ended is not None and self.open_step is not None:
             self._dispatch()
+        extras = None
         try:
             item = fetch()
+            if self.cluster is not None and item is not EPOCH_END and not self.options.path.compiles_only:
+                extras = self.cluster.gather(fetch)
+                if extras is None:
+                    item = EPOCH_END
         finally:
             if ended is not None:  # before the next step opens: a closure sees its own step's state
                 self.closures.run(ended)
@@ -384,7 +402,10 @@ class DeviceDriver:
             return item
         if self.open_step is not None:
             self._dispatch()
-        return self._open(item, implicit=False)
+        wrapped = self._open(item, implicit=False)
+        assert self.open_step is not None  # noqa: S101 - just opened
+        self.open_step.extras = extras
+        return wrapped
 
     def _open(self, batch: Any, *, implicit: bool) -> Any:
         batch = widened(batch)  # the session's batches and an implicit step's arguments alike
@@ -435,6 +456,10 @@ class DeviceDriver:
             self._dispatch()  # a model call on new CPU tensors outside a Session: the next step
             step = None
         if step is None:
+            if self.cluster is not None and not self.options.path.compiles_only:
+                raise ClusterError(f"{at(caller_location())}a model call outside the DataLoader's loop runs one batch, "
+                                   f"but a cluster of {self.cluster.num_csx} systems takes one per system: take the "
+                                   "batches from the csrun DataLoader in a Session (or run with one system)")
             if len(args) == 1 and not kwargs:
                 args = (self._open(args[0], implicit=True),)
             else:
@@ -475,7 +500,10 @@ class DeviceDriver:
         if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature():
             self._compile_and_load(inputs, step.mode, recording)
         check = self._start_check(step, recording, plan, inputs) if self._verify_left > 0 else None
-        handle = self._device().submit(inputs, plan)
+        batch: Any = inputs
+        if self.cluster is not None:
+            batch = self.cluster.shards(values, step.extras or [])
+        handle = self._device().submit(batch, plan)
         if check is not None:
             self._verify_left -= 1
             device = self._device()
@@ -514,6 +542,9 @@ class DeviceDriver:
     def _unchecked_because(self, step: OpenStep, plan: StepPlan) -> str:
         """Why this step cannot be checked against eager PyTorch ("" when it can)."""
         device = self._device()
+        if self.cluster is not None:
+            return (f"on a cluster of {self.cluster.num_csx} systems a step trains on {self.cluster.num_csx} batches, "
+                    "and the check runs eager PyTorch on one")
         if self._random and not (isinstance(device, EmbeddedDevice) and device.device.type == "cpu"):
             return "it draws random numbers (dropout), which only the in-process CPU emulator draws as eager does"
         if step.mode == "train" and plan.backward and not plan.clear_grads:

@@ -31,6 +31,9 @@ class DeviceOptions:
     """Steps the chief may run ahead of the device."""
     job_id: str = ""
     """The job id a remote device is told (the Slurm job id; the driver uses the pid when empty)."""
+    num_csx: int = 1
+    """Systems of the job's cluster (:attr:`csrun.cluster.ClusterInfo.num_csx`); above 1 the device is
+    the cluster (:mod:`csrun.emulator.swarm.device`)."""
     verify_steps: int | None = None
     """How many steps of each program the device checks against eager PyTorch (None:
     ``CSRUN_VERIFY_STEPS``, default 1; :mod:`csrun.driver.verify`)."""

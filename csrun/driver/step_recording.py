@@ -83,6 +83,8 @@ class StepRecorder:
         """The Python values assigned to the model's modules (the driver shares one per model)."""
         self._draft: Recording | None = None
         self._step: StepState | None = None
+        self._batch_leaves: dict[int, tuple[StepValue, int]] = {}
+        """The step's batch tensors (kept alive, so ids stay theirs): id -> (value, leaf index)."""
         self._pos = 0
         self._n = 0
         self._live: list[weakref.ref[StepValue]] = []
@@ -120,12 +122,13 @@ class StepRecorder:
         self._draft = Recording() if self.recording is None else None
         step = self._step
 
-        def host(leaf: Any) -> Any:
+        self._batch_leaves = {}
+        leaves, spec = pytree.tree_flatten(batch)
+        for index, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor) and not isinstance(leaf, StepValue):
-                return StepValue(self, step, -1, leaf.shape, leaf.dtype, leaf, host=True)
-            return leaf
-
-        return pytree.tree_map(host, batch)
+                leaves[index] = value = StepValue(self, step, -1, leaf.shape, leaf.dtype, leaf, host=True)
+                self._batch_leaves[id(value)] = (value, index)
+        return pytree.tree_unflatten(leaves, spec)
 
     def end(self) -> tuple[Recording, StepState]:
         """The step's boundary: its recording (step 1: complete, with the kept values) and its
@@ -154,6 +157,9 @@ class StepRecorder:
                 raise StepChanged(f"the device took {len(self._slots)} inputs from the batch",
                                   compiled=f"{len(recording.inputs)} inputs", location=caller_location())
         step.inputs = tuple(v._value for v in self._slots)  # type: ignore[misc]
+        step.input_leaves = tuple(self._batch_leaves[id(v)][1] if id(v) in self._batch_leaves else -1
+                                  for v in self._slots)
+        self._batch_leaves = {}
         step.open = False
         step.output_names = recording.output_names
         step.value_lines = recording.value_lines
@@ -191,6 +197,7 @@ class StepRecorder:
             self._step.open = False
         self._live = []
         self._slots = []
+        self._batch_leaves = {}
         self._on_backward = None
 
     def engine_value(self, ref: int, shape: torch.Size, dtype: torch.dtype) -> "StepValue":

@@ -222,6 +222,9 @@ class StepState:
     open: bool = True
     inputs: tuple[torch.Tensor, ...] = ()
     """After the boundary: the program's inputs (what is sent to the device)."""
+    input_leaves: tuple[int, ...] = ()
+    """After the boundary: for each input, its index among the batch's flattened leaves (-1: a
+    value the step computed on the host), so another batch's inputs can be taken alike."""
     output_names: dict[int, str] | None = None
     """After the boundary: value number -> the program's output name (the step's recording's)."""
     value_lines: dict[int, Location | None] = field(default_factory=dict)

@@ -33,6 +33,9 @@ T = TypeVar("T")
 
 _STOP = object()
 
+EngineFactory = Callable[[torch.export.ExportedProgram, ProgramSpec], Any]
+"""Builds the engine a device runs a loaded program on."""
+
 
 def outputs_to_cpu(out: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Copy a step's outputs to CPU tensors (the step boundary)."""
@@ -51,14 +54,19 @@ class EmbeddedDevice(Device):
         device: str = "cpu",
         queue_depth: int = 2,
         notice: Callable[[str], None] | None = None,
+        engine_factory: EngineFactory | None = None,
     ) -> None:
-        """``device``: cpu, cuda or cuda:i. ``queue_depth``: steps in flight before submit waits."""
+        """``device``: cpu, cuda or cuda:i. ``queue_depth``: steps in flight before submit waits.
+        ``engine_factory``: builds the engine for a loaded program (default: an
+        :class:`~csrun.emulator.engine.executor.Engine` on ``device``; a cluster's stand-in,
+        :mod:`csrun.emulator.swarm.device`, forwards to other tasks)."""
         if not isinstance(queue_depth, int) or queue_depth < 1:
             raise UserError(f"queue_depth must be a positive integer, got {queue_depth!r}")
         self.device = parse_device(device)
         self.queue_depth = queue_depth
         self._notice = notice
-        self._engine: Engine | None = None
+        self._engine_factory = engine_factory
+        self._engine: Any = None
         self._jobs: "queue.Queue[Any]" = queue.Queue()
         self._slots = threading.Semaphore(queue_depth)
         self._error: BaseException | None = None
@@ -139,7 +147,11 @@ class EmbeddedDevice(Device):
         """Build the engine for ``program`` on the worker (after pending steps)."""
 
         def build() -> None:
-            self._engine = Engine(program, spec, self.device, notice=self._notice)
+            self._engine = None
+            if self._engine_factory is not None:
+                self._engine = self._engine_factory(program, spec)
+            else:
+                self._engine = Engine(program, spec, self.device, notice=self._notice)
             self._last_step = 0
 
         self._call(build)

@@ -9,6 +9,11 @@ in :data:`csrun.env_settings.CONTRACT`):
     ``slurm`` (tasks started by srun) or ``local`` (no Slurm: a subprocess or mpiexec here).
 ``CSRUN_TOTAL_TASKS``, ``CSRUN_TOTAL_NODES``
     The size of the job as launched.
+``CSRUN_NUM_CSX``, ``CSRUN_SYSTEM_DEVICE``
+    csrun_wse ``--num-csx N`` with N > 1 (:func:`cluster_environment`): the number of systems
+    (ranks 1..N are the systems, N+1 MemoryX: :mod:`csrun.cluster`) and, with ``--emulator
+    DEVICE``, the systems' torch device (unset: cpu). Otherwise both are removed, so a value
+    left in the launcher's environment never reaches a one-system job.
 ``CSRUN_IMAGE``, ``CSRUN_MOUNT_DIRS``, ``CSRUN_DEF_*``, ``CSRUN_GRES_*``, ``CSRUN_PARTITION``, ``CSRUN_ACCOUNT``
     The site config as the launcher saw it; ``CSRUN_MOUNT_DIRS`` includes ``--mount-dirs``.
     python-pt reads them, so a task uses the launcher's settings.
@@ -41,7 +46,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from csrun.env_settings import LAUNCH_MODE, LAUNCHER, LEGACY_IMPORTS, TOTAL_NODES, TOTAL_TASKS
+from csrun.env_settings import LAUNCH_MODE, LAUNCHER, LEGACY_IMPORTS, NUM_CSX, SYSTEM_DEVICE, TOTAL_NODES, TOTAL_TASKS
 from csrun.site import SiteConfig, site_environment
 
 NETMOD_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "MPICH_CH4_NETMOD")
@@ -70,6 +75,20 @@ def task_environment(
     env.update({LAUNCHER.name: launcher, LAUNCH_MODE.name: mode, TOTAL_TASKS.name: str(total_tasks),
                 TOTAL_NODES.name: str(total_nodes)})
     return env
+
+
+def cluster_environment(env: dict[str, str], *, num_csx: int, system_device: str) -> None:
+    """Set (in ``env``) the cluster contract of a job of ``num_csx`` systems: ``CSRUN_NUM_CSX`` when
+    above 1, ``CSRUN_SYSTEM_DEVICE`` when it is above 1 and ``system_device`` is given (``--emulator
+    DEVICE``; the job then has no ``CS_IP``: the systems are its device); else removes them."""
+    env.pop(NUM_CSX.name, None)
+    env.pop(SYSTEM_DEVICE.name, None)
+    if num_csx <= 1:
+        return
+    env[NUM_CSX.name] = str(num_csx)
+    if system_device:
+        env[SYSTEM_DEVICE.name] = system_device
+        env.pop("CS_IP", None)
 
 
 LEGACY_SHIM = Path(__file__).resolve().parents[1] / "torch" / "legacy_shim"

@@ -3,7 +3,10 @@
 submitit cannot describe a heterogeneous job, so this module writes the batch script itself:
 one ``#SBATCH`` block per component of the :class:`~csrun.launch.layout.Layout` separated
 by ``#SBATCH hetjob``, and a body that runs the step over every component
-(``srun ... --het-group=0 CMD : --het-group=1 ... CMD``).
+(``srun ... --het-group=0 CMD : --het-group=1 ... CMD``). A cluster of N > 1 systems
+(``--num-csx N``) has the same components as its srun step (:func:`csrun.launch.layout.cluster_layout`:
+the chief, the systems with the GRES each, MemoryX, the streamers), with the same excludes
+(:func:`csrun.launch.srun.component_excludes`); the script's environment carries ``CSRUN_NUM_CSX``.
 
 Preemption: with a lead time the job asks for ``--signal=B:SIG@LEAD`` and ``--requeue``, SIG
 being ``CSRUN_PREEMPT_SIGNAL`` (default USR1, see :mod:`csrun.launch.preempt_signal`). The
@@ -39,7 +42,7 @@ from csrun.errors import LaunchError
 from csrun.launch.layout import Layout
 from csrun.launch.preempt_signal import preemption_signal
 from csrun.launch.sbatch import time_limit_minutes
-from csrun.launch.srun import WSE_STEP_FLAGS
+from csrun.launch.srun import WSE_STEP_FLAGS, component_excludes
 from csrun.launch.supervisor import task_command
 from csrun.site import SiteConfig
 
@@ -131,8 +134,11 @@ def hetjob_script(
             opts.append(f"--account={site.account}")
         if c.gres and site.gres_resource:
             opts.append(f"--gres={site.gres_resource}")
-        if c.worker or len(layout.components) == 1:
+        if c.worker or c.systems or len(layout.components) == 1:
             opts.append("--exclusive")
+        excludes = component_excludes(c, site, layout)
+        if excludes:
+            opts.append(f"--exclude={excludes}")
         lines += [f"#SBATCH {o}" for o in opts]
         if len(layout.components) > 1:
             if i:
@@ -141,7 +147,11 @@ def hetjob_script(
         if c.worker and i == last and layout.cyclic:
             step.append("--distribution=cyclic")
         step += task_command(command)
-    lines += ["", "# one step over every component: the chief (rank 0) on the GRES node, the streamers after it"]
+    if layout.num_csx > 1:
+        lines += ["", f"# one step over every component: the chief (rank 0) on the GRES node, the {layout.num_csx} systems "
+                      f"(ranks 1-{layout.num_csx}), MemoryX (rank {layout.num_csx + 1}), the streamers after it"]
+    else:
+        lines += ["", "# one step over every component: the chief (rank 0) on the GRES node, the streamers after it"]
     quoted_dir = shlex.quote(str(log_dir))
     lines.append(TASK_CODES.format(log_dir=quoted_dir, python=shlex.quote(sys.executable)))
     if preempt_lead:

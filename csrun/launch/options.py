@@ -85,7 +85,11 @@ class WseOptions(CommonOptions):
     single_task_nodes: int = _opt(0, "how many nodes run exactly one task; must be less than the number of nodes", min=0)
     cyclic: bool = _opt(False, "distribute the worker tasks cyclically (--distribution=cyclic)", flag=True)
     preempt_lead: int = _opt(90, "with --use-sbatch: seconds before the time limit at which the job checkpoints and requeues itself (0: never)", min=0)
-    emulator: str = _opt("", "[DEVICE] start a cs_emulator for the job on the chief's node (cpu, cuda, cuda:I; default cpu)", optional="cpu")
+    emulator: str = _opt("", "[DEVICE] start a cs_emulator for the job on the chief's node (cpu, cuda, cuda:I; default cpu); "
+                             "with --num-csx N > 1 no cs_emulator: the N systems run their engines on DEVICE", optional="cpu")
+    num_csx: int = _opt(1, "N systems training one model data parallel (a Wafer-Scale Cluster): ranks 1..N are the "
+                           "systems (one node and the GRES each), rank N+1 MemoryX, then the streamers; needs "
+                           "--total-nodes >= N+3 (the default grows to that); 1: one system, as without it", min=1)
 
 
 SITE_QUERIES: dict[str, Callable[[SiteConfig], str]] = {

@@ -1,7 +1,7 @@
 """``--use-sbatch``: submit the launcher's command as a Slurm batch job through submitit.
 
-The job runs :class:`CommandJob` on one exclusive node (off the GRES node, as csrun_cpu's
-interactive path), named as the caller says (csrun_cpu: ``csrun_cpu:<script>``, see
+The job runs :class:`CommandJob` on one exclusive node (off the GRES node and the site's
+system nodes, as csrun_cpu's interactive path), named as the caller says (csrun_cpu: ``csrun_cpu:<script>``, see
 :func:`csrun.launch.srun.job_name`). Logs land in ``<log_dir>/<job id>/`` (submitit's
 ``<id>_0_log.out`` and ``<id>_0_log.err``, the job's ``StdOut``/``StdErr``); the command's
 exit code is written beside them as text, ``<id>_0_exit_code`` (:data:`EXIT_CODE_FILE`). Waiting for the job,
@@ -25,6 +25,7 @@ from csrun.errors import LaunchError, UsageError
 from csrun.launch.process import wait_child
 from csrun.files import atomic_write
 from csrun.launch.preempt_signal import preemption_signal, submitit_signal
+from csrun.launch.srun import excluded_nodes
 from csrun.site import SiteConfig
 
 
@@ -183,8 +184,8 @@ def submit(
         params["partition"] = site.partition
     if site.account:
         params["account"] = site.account
-    if exclude_gres and site.gres_node:
-        params["exclude"] = site.gres_node
+    if exclude_gres and excluded_nodes(site):
+        params["exclude"] = excluded_nodes(site)
     executor.update_parameters(**params)
     try:
         job = executor.submit(CommandJob(str(Path(log_dir).resolve())), list(command), dict(env), os.getcwd())

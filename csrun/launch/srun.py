@@ -46,6 +46,25 @@ def _placement(site: SiteConfig) -> list[str]:
     return out
 
 
+def excluded_nodes(site: SiteConfig, *, gres_node: bool = True, system_nodes: bool = True) -> str:
+    """The nodes a step keeps off, as one ``--exclude`` value: the GRES node and the site's system
+    nodes (``site.system_nodes``), as asked and as the site names them; ``""`` for none."""
+    return ",".join(x for x in (site.gres_node if gres_node else "", site.system_nodes if system_nodes else "") if x)
+
+
+def component_excludes(component: Component, site: SiteConfig, layout: Layout) -> str:
+    """The ``--exclude`` value of one component of a cluster's step (``layout.num_csx`` > 1): the chief
+    keeps off the system nodes (it takes the GRES node), the systems off the GRES node, MemoryX and the
+    streamers off both. ``""``: none (or a one-system layout, whose builders say their own)."""
+    if layout.num_csx <= 1:
+        return ""
+    if component.systems:
+        return excluded_nodes(site, system_nodes=False)
+    if component.gres:
+        return excluded_nodes(site, gres_node=False)
+    return excluded_nodes(site)
+
+
 def cpu_srun_argv(command: list[str], site: SiteConfig, *, exclude_gres: bool, pty: bool, name: str = "") -> list[str]:
     """``srun [--job-name=NAME] [--pty] --nodes=1 --exclusive [--exclude=GRES_NODE] COMMAND`` for csrun_cpu."""
     argv = ["srun"]
@@ -55,8 +74,8 @@ def cpu_srun_argv(command: list[str], site: SiteConfig, *, exclude_gres: bool, p
         argv.append("--pty")
     argv += ["--nodes=1", "--ntasks=1", "--exclusive", f"--cpus-per-task={site.def_cpus_per_task}"]
     argv += _placement(site)
-    if exclude_gres and site.gres_node:
-        argv.append(f"--exclude={site.gres_node}")
+    if exclude_gres and excluded_nodes(site):
+        argv.append(f"--exclude={excluded_nodes(site)}")
     return argv + list(command)
 
 
@@ -68,6 +87,13 @@ def _component_argv(component: Component, site: SiteConfig, *, last: bool, layou
     argv += _placement(site)
     if component.gres and site.gres_resource:
         argv.append(f"--gres={site.gres_resource}")
+    if layout.num_csx > 1:  # a cluster's step (layout.cluster_layout)
+        if component.worker and last and layout.cyclic:
+            argv.append("--distribution=cyclic")
+        if component.worker or component.systems:
+            argv.append("--exclusive")
+        excludes = component_excludes(component, site, layout)
+        return argv + ([f"--exclude={excludes}"] if excludes else [])
     if component.worker:
         if last and layout.cyclic:
             argv.append("--distribution=cyclic")
@@ -83,6 +109,11 @@ def wse_srun_argv(command: list[str], layout: Layout, site: SiteConfig, *, name:
     Every component runs the same command; only the first asks for the GRES; worker
     components are exclusive and keep off the GRES node. ``name``: ``--job-name``, given once
     after the step flags (it names every component).
+
+    A cluster's step (``layout.num_csx`` > 1): the chief asks for the GRES and keeps off the site's
+    system nodes; the systems component asks for the GRES on each of its nodes, exclusive and off
+    the GRES node; MemoryX and the streamers are exclusive and keep off both
+    (:func:`component_excludes`). The task wrapper runs the swarm task on the systems and MemoryX.
     """
     argv = ["srun", *WSE_STEP_FLAGS]
     if name:

@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from csrun.cluster import cluster_role
+from csrun.env_settings import NUM_CSX
 from csrun.launch.live_bar import LiveBar, same_terminal
 from csrun.launch.live_bar import wanted as live_bar_wanted
 from csrun.launch.preempt_signal import preemption_signal
@@ -235,7 +237,10 @@ def _say_failed(prog: str, failed: TaskExit, env: dict[str, str], interrupt: "In
     how = f"exited with code {failed.code}" if failed.reported else f"was killed (code {failed.code}; no report from its wrapper)"
     how += f" ({failed.cause})" if failed.cause else ""
     tail = "; ending the job" if ending else ""
-    print(f"{prog}: task rank {failed.rank} on {failed.node or '?'} {how}{tail}{_log_hint(env, failed.rank)}",
+    systems = env.get(NUM_CSX.name, "").strip()
+    role = cluster_role(failed.rank, int(systems)) if systems.isdigit() else ""
+    who = f"task rank {failed.rank}" + (f" ({role})" if role else "")
+    print(f"{prog}: {who} on {failed.node or '?'} {how}{tail}{_log_hint(env, failed.rank)}",
           file=sys.stderr, flush=True)
 
 

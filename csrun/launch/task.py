@@ -13,9 +13,16 @@ COMMAND's. With ``CSRUN_TASK_LOG_DIR`` set (``--log-dir``), COMMAND's output is 
 the task's own log file and, on the chief only, onto the console (:mod:`csrun.launch.task_log`);
 without it, a streamer's lines reach the console prefixed ``[rank N] ``.
 
+A cluster's system and MemoryX tasks (``csrun_wse --num-csx N``: ranks 1..N+1, where
+:attr:`csrun.cluster.ClusterInfo.in_swarm`) do not run COMMAND: the wrapper runs
+``<this Python> -m csrun.emulator.swarm.task`` in its place (:func:`task_command_for`), with this
+wrapper's own interpreter, so outside any container prefix COMMAND has (``python-pt`` ...,
+``apptainer exec IMAGE ...``): the swarm task is csrun's, not the user's. It is started, logged and
+reported exactly as COMMAND would be (``start.<rank>``, ``exit.<rank>``, the header line names what ran).
+
 Environment read: ``CSRUN_JOB_STATE`` (the state folder; without it nothing is written),
 ``CSRUN_TASK_LOG_DIR`` / ``CSRUN_JOB_LABEL`` (the per-task log files) and the rank variables
-of :mod:`csrun.cluster`. It imports neither torch nor MPI.
+of :mod:`csrun.cluster` (``CSRUN_NUM_CSX`` among them). It imports neither torch nor MPI.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import shlex
 import sys
 
 from csrun.env_settings import JOB_STATE
-from csrun.cluster import cluster_info
+from csrun.cluster import ClusterInfo, cluster_info
 from csrun.errors import UsageError
 from csrun.launch.process import run_child, run_cli
 from csrun.task_exits import report_exit, report_start
@@ -34,6 +41,16 @@ from csrun.launch.task_log import task_log_for
 PROG = "csrun_wse (task)"
 STATE_ENV = JOB_STATE.name
 """The job's state folder, set by the launcher for every task."""
+SWARM_TASK = "csrun.emulator.swarm.task"
+"""The module a cluster's system and MemoryX tasks run instead of the user's command."""
+
+
+def task_command_for(info: ClusterInfo, command: list[str]) -> list[str]:
+    """What this task runs: ``command``, except on a cluster's system or MemoryX task
+    (``info.in_swarm``), which runs the swarm task with this Python (module docstring)."""
+    if info.in_swarm:
+        return [sys.executable, "-m", SWARM_TASK]
+    return list(command)
 
 
 def _body(argv: list[str]) -> int:
@@ -41,6 +58,7 @@ def _body(argv: list[str]) -> int:
     if not command:
         raise UsageError("no command given after --")
     info = cluster_info()
+    command = task_command_for(info, command)
     code = 1
     log = task_log_for(os.environ, info.rank)
     shown = shlex.join(command).replace("\n", "\\n")

@@ -38,7 +38,7 @@ from csrun.typed_config import ConfigError
 
 RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "model_dir", "checkpoint_path",
                    "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume", "start_over",
-                   "max_steps", "eval_steps", "checkpoint_steps", "verify_steps")
+                   "max_steps", "eval_steps", "checkpoint_steps", "verify_steps", "num_csx")
 """Flags that overwrite the ``runconfig`` key of the same name."""
 
 
@@ -83,6 +83,9 @@ def _add_run_flags(p: argparse.ArgumentParser, prog: str) -> None:
     p.add_argument("--execution_strategy", default=None, choices=EXECUTION_STRATEGIES,
                    help=f"pipeline (the model on the wafer) or weight_streaming (weights streamed from MemoryX); "
                         f"default ${EXECUTION_STRATEGY_ENV}, then runconfig.execution_strategy")
+    p.add_argument("--num_csx", type=int, default=None, metavar="N",
+                   help="runconfig.num_csx: systems training data parallel (weight-streaming mode; the job's own, "
+                        "csrun_wse --num-csx N, by default)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="continue from the latest valid checkpoint in model_dir")
     p.add_argument("--start_over", action="store_true", default=None,
@@ -171,7 +174,7 @@ def load_params(args: argparse.Namespace, *, model_config: type[ModelConfig] = M
     return params
 
 
-STEP_FLAGS = ("max_steps", "eval_steps", "checkpoint_steps", "verify_steps")
+STEP_FLAGS = ("max_steps", "eval_steps", "checkpoint_steps", "verify_steps", "num_csx")
 """Flags for ``runconfig`` step counts: a bad value is reported under the flag's name."""
 
 
@@ -235,6 +238,7 @@ def check_system_rules(params: Params, path: RunPath) -> None:
     rounding), the samples are the same ones in the same order, and the step's loss is the whole
     batch's (the CPU path reports its last micro batch's).
     """
+    check_num_csx(params, path)
     if path.kind != "system":
         return
     rc = params.runconfig
@@ -255,3 +259,37 @@ def check_system_rules(params: Params, path: RunPath) -> None:
     if cluster_info().is_chief:
         print(f"weight streaming: grad_accum_steps {k} x batch_size {batch} runs as one batch of {k * batch} a step; "
               f"the device splits it into micro batches (the compile's plan says how many samples at once)", flush=True)
+
+
+def check_num_csx(params: Params, path: RunPath, job_systems: int | None = None) -> None:
+    """``runconfig.num_csx`` against the job's systems (``job_systems``: :attr:`ClusterInfo.num_csx`).
+
+    The job's count is the launcher's (``csrun_wse --num-csx N``); the params may state it, and
+    then must agree. On the system a cluster trains in weight-streaming mode only, and trains
+    only (eval runs on one system): refused otherwise, naming the fix. On the CPU ``num_csx``
+    is the system's: the run trains batches of ``batch_size`` and says so once.
+    """
+    rc = params.runconfig
+    job = cluster_info().num_csx if job_systems is None else job_systems
+    stated = rc.num_csx
+    if path.kind != "system":
+        if stated is not None and stated > 1 and cluster_info().is_chief:
+            print(f"csrun: runconfig.num_csx {stated} is the system's: this CPU run trains one stream of batches "
+                  f"of batch_size", flush=True)
+        return
+    if stated is not None and stated != job:
+        raise ConfigError(f"runconfig.num_csx is {stated} but this job has {job} system(s)",
+                          fix=f"launch it with csrun_wse --num-csx {stated} (the launcher allocates the systems), "
+                              f"or drop num_csx to take the job's")
+    rc.num_csx = job
+    if job == 1:
+        return
+    if rc.compile_only or rc.validate_only:
+        return
+    if rc.execution_strategy == PIPELINE:
+        raise ConfigError(f"num_csx {job}: a cluster of systems trains in weight-streaming mode only",
+                          fix=f"run with python-ws, or --execution_strategy {WEIGHT_STREAMING} (pipelined mode "
+                              "runs on one system)")
+    if rc.mode != "train":
+        raise ConfigError(f"--mode {rc.mode} with num_csx {job}: eval runs on one system (the cluster trains only)",
+                          fix="run eval (and eval_all) in a job of one system: csrun_wse without --num-csx")

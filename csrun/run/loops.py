@@ -82,6 +82,8 @@ class TrainSetup:
     target_step: int
     batch_size: int
     grad_accum_steps: int = 1
+    num_csx: int = 1
+    """Systems of the cluster: each step takes this many batches of ``batch_size`` (one per system)."""
     log_steps: int
     checkpoint_steps: int = 0
     check_loss_values: bool = True
@@ -133,7 +135,7 @@ class _StepBook:
             return
         state = dict(cbtorch.get_state())
         state["lr_scheduler"] = {"global_step": int(state.get("global_step", step))}
-        state["data_position"] = step * s.grad_accum_steps
+        state["data_position"] = step * s.grad_accum_steps * s.num_csx
         save_checkpoint(s.model_dir, step, state)
         s.last_saved = step
         s.log(MSG_SAVED.format(step))
@@ -171,7 +173,7 @@ class _StepBook:
         if step % s.log_steps == 0 or step == s.target_step:
             now = time.perf_counter()
             dt = now - self.last_time
-            self.rate = (step - self.last_step) * s.batch_size * s.grad_accum_steps / dt if dt > 0 else None
+            self.rate = (step - self.last_step) * s.batch_size * s.grad_accum_steps * s.num_csx / dt if dt > 0 else None
             self.last_time, self.last_step = now, step
             lr = s.schedule(step - 1) if s.schedule is not None else None
             if step % s.log_steps == 0:
@@ -239,7 +241,7 @@ def train(s: TrainSetup) -> TrainResult:
             s.losses.flush()
     steps_run = step - s.start_step
     return TrainResult(step=step, stats=session.stats, total_time=total, steps_run=steps_run,
-                       samples=steps_run * s.batch_size * s.grad_accum_steps, final_loss=book.last_loss)
+                       samples=steps_run * s.batch_size * s.grad_accum_steps * s.num_csx, final_loss=book.last_loss)
 
 
 def _check_outputs(outputs: Any) -> None:

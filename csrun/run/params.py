@@ -77,6 +77,8 @@ class RunConfig:
     logging: str = doc("INFO", "chief log level")
     streamer_logging: str = doc("ERROR", "streamer log level")
     compile_dir: str | None = doc(None, "compile output folder (default: model_dir/cs_<hash>)")
+    num_csx: int | None = doc(None, "systems training data parallel, each on a batch of batch_size (weight-streaming "
+                                    "mode; default: the job's, csrun_wse --num-csx); must match the job's", min=1)
     execution_strategy: Literal["pipeline", "weight_streaming"] = doc(
         "pipeline", "pipeline (the model on the wafer) or weight_streaming (weights in MemoryX, streamed in one layer "
                     "group at a time; what python-ws selects); CSRUN_EXECUTION_STRATEGY and --execution_strategy override it")

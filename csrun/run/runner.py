@@ -337,7 +337,8 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         loader_len = len(loader)
     except TypeError:
         loader_len = None
-    target = _target_step(params, start, loader_len, accum)
+    systems = rc.num_csx if path.kind == "system" and rc.num_csx else 1  # batches a step takes: accum x systems
+    target = _target_step(params, start, loader_len // systems if loader_len else loader_len, accum)
     folder = model_dir / "train"
     write_params(folder, "train", params.to_dict())
     if start >= target:
@@ -345,7 +346,7 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         _say(MSG_TRAIN_DONE)
         return start
     if start:
-        loader.skip(start * accum)
+        loader.skip(start * accum * systems)
     schedule = build_schedule(settings.learning_rate)
     _say_schedule_end(schedule, start, target)
     scalars = Scalars(folder)
@@ -365,7 +366,7 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
             raise Preempted(preemption.signum or 15, start, saved=False)
         result = loops.train(loops.TrainSetup(
             model=model, optimizer=optimizer, loader=loader, model_dir=model_dir, start_step=start,
-            target_step=target, batch_size=params.train_input.batch_size, grad_accum_steps=accum,
+            target_step=target, batch_size=params.train_input.batch_size, grad_accum_steps=accum, num_csx=systems,
             log_steps=rc.log_steps, checkpoint_steps=rc.checkpoint_steps,
             check_loss_values=rc.check_loss_values, schedule=schedule,
             scalars=scalars, losses=losses, progress=progress, preemption=preemption, log=_say,

@@ -222,8 +222,10 @@ class Backoff:
     seconds: 1 ms growing to 50 ms). What each pace costs on the README's main job: BENCHMARKS.md (``bench/stream/idle_cpu.py``).
     """
 
-    def __init__(self, busy_s: float = 0.002, min_sleep: float = 20e-6, max_sleep: float = 0.0005) -> None:
+    def __init__(self, busy_s: float = 0.002, min_sleep: float = 20e-6, max_sleep: float = 0.0005,
+                 yields: bool = False) -> None:
         self._busy_s = busy_s
+        self._yields = yields
         self._min = min_sleep
         self._max = max_sleep
         self._since: float | None = None
@@ -238,6 +240,13 @@ class Backoff:
     def transfer(cls) -> "Backoff":
         """The pace while a transfer is due or under way: 2 ms flat out, then sleeps up to 0.5 ms."""
         return cls(busy_s=0.002, min_sleep=20e-6, max_sleep=0.0005)
+
+    @classmethod
+    def collective(cls) -> "Backoff":
+        """A rank in a collective with others (SwarmX): the transfer's pace, but the busy phase
+        gives the core up between polls (``sched_yield``), as MPICH's own blocking calls do, so a
+        peer that shares the core and must take its part gets it at once."""
+        return cls(busy_s=0.002, min_sleep=20e-6, max_sleep=0.0005, yields=True)
 
     @classmethod
     def sending(cls) -> "Backoff":
@@ -265,6 +274,8 @@ class Backoff:
         if self._since is None:
             self._since = now
         if now - self._since < self._busy_s:
+            if self._yields:
+                os.sched_yield()
             return
         self._sleep = min(self._max, max(self._min, self._sleep * 1.5))
         time.sleep(self._sleep)

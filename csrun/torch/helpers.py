@@ -59,7 +59,7 @@ def get_local_ordinal() -> int:
 
 def world_size() -> int:
     """Every task of the job (the chief and the streamers); ``xrt_world_size`` in the legacy module."""
-    return state().info.num_tasks
+    return state().info.input_tasks
 
 
 def is_streamer() -> bool:

@@ -22,6 +22,7 @@ from csrun.stream.sender import run_streamer
 from csrun.stream.source import BatchSource
 from csrun.stream.wire import mpi
 from csrun.torch.gc_policy import hold_setup_objects, release_setup_objects
+from csrun.driver.cluster_steps import release_cluster
 from csrun.torch.backend import Backend, DeviceOptions, EagerBackend, StepClosure, device_factory
 
 
@@ -49,7 +50,7 @@ class State:
     @property
     def streaming(self) -> bool:
         """True when this job has streamers (more than one task)."""
-        return self.info.num_tasks > 1
+        return self.info.input_tasks > 1
 
 
 _state: State | None = None
@@ -65,6 +66,8 @@ def state() -> State:
             print(notice, file=sys.stderr, flush=True)
         if _state.streaming and _state.info.is_chief:
             atexit.register(_release_unstarted)
+        if _state.info.swarm_tasks and _state.info.is_chief:
+            atexit.register(release_cluster)  # the systems and MemoryX wait for the chief's word to leave
     return _state
 
 
@@ -101,7 +104,8 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
     except UserError as exc:
         raise InitializeError(str(exc)) from None
     st.options = DeviceOptions(path=path, settings=settings, model_dir=model_dir, compile_dir=compile_dir,
-                               device=device, queue_depth=queue_depth, job_id=st.info.job_id, verify_steps=steps)
+                               device=device, queue_depth=queue_depth, job_id=st.info.job_id, verify_steps=steps,
+                               num_csx=st.info.num_csx)
     if backend is not None:
         st.backend = backend
     elif st.info.is_chief and st.options.uses_device:
@@ -116,9 +120,24 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
     return st
 
 
+_input_comm: Any = None
+
+
 def comm() -> Any:
-    """``MPI.COMM_WORLD`` (imports mpi4py on first call)."""
-    return mpi().COMM_WORLD
+    """The input group's communicator: the chief (rank 0) and the streamers (1..S); ``MPI.COMM_WORLD``
+    unless the job is a cluster of systems, whose tasks take no part (imports mpi4py on first call)."""
+    global _input_comm
+    world = mpi().COMM_WORLD
+    info = state().info
+    if not info.swarm_tasks:
+        return world
+    if _input_comm is None:
+        group = world.Get_group().Incl([0, *range(info.swarm_tasks + 1, info.num_tasks)])
+        try:
+            _input_comm = world.Create_group(group)
+        finally:
+            group.Free()
+    return _input_comm
 
 
 def stream_and_exit(source: BatchSource) -> NoReturn:
@@ -141,7 +160,7 @@ def _release_unstarted() -> None:
     if st is None or st.streamed:
         return
     try:
-        Receiver(comm(), list(range(1, st.info.num_tasks)), timeout=1.0).stop_unstarted()
+        Receiver(comm(), list(range(1, st.info.input_tasks)), timeout=1.0).stop_unstarted()
     except Exception:  # exiting anyway; the launcher cleans up
         pass
 

@@ -16,6 +16,7 @@ from csrun.site import SiteConfig
 GOLDEN = Path(__file__).parent / "golden"
 SITE = SiteConfig(gres_node="cs-chief", gres_resource="cs:1", def_cpus_per_task=2)
 SITE_PARTITION = SiteConfig(gres_node="cs-chief", gres_resource="cs:1", partition="wse", account="proj1")
+SITE_SYSTEMS = SiteConfig(gres_node="cs-chief", gres_resource="cs:1", system_nodes="cs-sys[1-2]")
 CMD = ["python-pt", "run.py", "--mode", "train", "--params", "configs/fc_mnist.yaml"]
 CPU_NAME = job_name("csrun_cpu", CMD)
 WSE_NAME = job_name("csrun_wse", CMD)
@@ -32,6 +33,10 @@ CASES = {
     "hetjob_4_nodes_2_single_2_per_node_cyclic": lambda: hetjob_script(CMD, wse_layout(nodes=4, tasks_per_node=2, cpus_per_task=1, single_task_nodes=2, cyclic=True), SITE_PARTITION, job_name=WSE_NAME, log_dir=Path("/logs"), time="01:00:00", cwd="/work"),
     "hetjob_3_nodes_preemptible": lambda: hetjob_script(CMD, wse_layout(nodes=3, tasks_per_node=1, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, job_name=WSE_NAME, log_dir=Path("/logs"), time="60", cwd="/work", preempt_lead=90),
     "hetjob_1_node": lambda: hetjob_script(CMD, wse_layout(nodes=1, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False), SITE, job_name="j", log_dir=Path("/logs"), time="", cwd="/work"),
+    "wse_cluster_2_systems_5_nodes": lambda: wse_srun_argv(CMD, wse_layout(nodes=5, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False, num_csx=2), SITE, name=WSE_NAME),
+    "wse_cluster_2_systems_7_nodes_2_single_cyclic_system_nodes": lambda: wse_srun_argv(CMD, wse_layout(nodes=7, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=True, num_csx=2), SITE_SYSTEMS, name=WSE_NAME),
+    "hetjob_cluster_2_systems_5_nodes_preemptible_system_nodes": lambda: hetjob_script(CMD, wse_layout(nodes=5, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False, num_csx=2), SITE_SYSTEMS, job_name=WSE_NAME, log_dir=Path("/logs"), time="60", cwd="/work", preempt_lead=90),
+    "mpiexec_cluster_2_systems_5_nodes": lambda: mpiexec_argv("mpiexec", CMD, wse_layout(nodes=5, tasks_per_node=2, cpus_per_task=1, single_task_nodes=0, cyclic=False, num_csx=2)),
     "mpiexec_5_nodes_2_single_4_per_node": lambda: mpiexec_argv("mpiexec", CMD, wse_layout(nodes=5, tasks_per_node=4, cpus_per_task=1, single_task_nodes=2, cyclic=False)),
 }
 

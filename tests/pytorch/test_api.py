@@ -181,7 +181,7 @@ def test_cs_config_refusals() -> None:
     cstorch.backend("CPU")
     with pytest.raises(CSConfigError) as exc:
         cstorch.utils.data.DataExecutor(loader(), cs_config=cstorch.utils.CSConfig(num_csx=16))
-    one_line(exc, "num_csx=16", "one system", "num_csx=1")
+    one_line(exc, "num_csx=16", "this job has 1 system", "csrun_wse --num-csx 16")
     with pytest.raises(CSConfigError) as exc:
         cstorch.utils.CSConfig(mgmt_address="10.0.0.1:443").check()
     one_line(exc, "mgmt_address='10.0.0.1:443'", "--cs_ip")
@@ -365,3 +365,28 @@ def test_an_eval_loop_runs_the_forward_on_the_device(tmp_path: Path) -> None:
     assert len(got) == 4 and max(abs(a - b) for a, b in zip(got, want)) <= 1e-6
     [spec] = tmp_path.glob("cs_*/spec.json")
     assert json.loads(spec.read_text())["mode"] == "eval"
+
+
+def test_a_2x_script_with_csconfig_num_csx_2_trains_as_one_system_at_twice_the_batch(
+        no_slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """The same 2.x script, CSConfig(num_csx=N) from its argument: N = 2 under csrun_wse --num-csx 2
+    (two streamers, one per system) gives one system's losses at the global batch (a lone chief:
+    with csrun's sample-level sharding a step of the two streamers' batches of 8 holds the same
+    16 samples as the lone chief's batch of 16)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import BIN
+
+    script = Path(__file__).parent / "scripts" / "cluster_2x.py"
+    runs = {1: [str(BIN / "csrun_wse"), "--total-nodes", "1"],
+            2: [str(BIN / "csrun_wse"), "--num-csx", "2", "--total-nodes", "5", "--tasks-per-node", "2"]}
+    got = {}
+    for n, launcher in runs.items():
+        done = subprocess.run([*launcher, sys.executable, str(script), str(n), str(tmp_path / f"n{n}")],
+                              env={**no_slurm_env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                              timeout=300, cwd=script.parent)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        got[n] = [float(v) for v in (tmp_path / f"n{n}" / "losses.txt").read_text().split()]
+    assert len(got[1]) == len(got[2]) == 20 and len(set(got[1])) > 1
+    assert max(abs(a - b) / abs(a) for a, b in zip(got[1], got[2])) <= 1e-6

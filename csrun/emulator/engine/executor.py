@@ -437,9 +437,10 @@ class Engine:
                 out.update(self._split.run_after(inputs, carried))
         return out
 
-    def _update(self, out: dict[str, Any], plan: StepPlan, rates: float | list[float]) -> None:
+    def _update(self, out: dict[str, Any], plan: StepPlan, rates: float | list[float], *, scripted: bool = True) -> None:
         """After the backward: keep the gradients (no update in ``plan``: accumulation), or unscale,
-        clip, update and clear them, and update the loss scale; the gradient norm goes to ``out``."""
+        clip, update and clear them, and update the loss scale; the gradient norm goes to ``out``.
+        ``scripted=False``: not by the scripted update (the gradients are the masters' own)."""
         opt, scaler = self.optimizer, self.scaler
         assert opt is not None and scaler is not None  # noqa: S101 - a train engine has them
         if not plan.update:
@@ -448,7 +449,8 @@ class Engine:
             self._holding_grads = True
             return
         clip_norm, clip_value, norm_type = self._clipping(plan)
-        if self._scripted_update is not None and not scaler.dynamic and clip_norm is None and clip_value is None:
+        if scripted and self._scripted_update is not None and not scaler.dynamic and clip_norm is None \
+                and clip_value is None:
             optimizers.set_learning_rate(opt, rates)
             if self._scripted_update(1.0 / scaler.scale):  # rounding, unscaling, update: no overflow to check
                 self._holding_grads = False
@@ -517,7 +519,8 @@ class Engine:
         schedule's rate for the global step, the loss-scale update. ``present`` (:meth:`gradient_mask`'s
         layout): weights marked 0 get no gradient (None), as in a step that did not reach them.
         Returns ``lr``, ``loss_scale`` (the values this step used), ``global_step`` (after it) and,
-        with clipping, ``grad_norm``."""
+        with clipping, ``grad_norm``. The weights' gradients are views of ``flat`` where its device and
+        dtype are theirs (the update unscales them in place), dropped by the update."""
         if self.scaler is None or self.optimizer is None:
             raise RuntimeError("an eval engine has no update")
         rates = self._rates(self._step)
@@ -525,14 +528,15 @@ class Engine:
         for i, p in enumerate(self.params):
             n = p.numel()
             reached = present is None or bool(present[i] > 0)
-            p.grad = flat[offset:offset + n].view_as(p).to(p, copy=True) if reached else None
+            grad = flat[offset:offset + n].view_as(p)  # a view where it can be: MemoryX holds no second copy
+            p.grad = (grad if grad.device == p.device and grad.dtype == p.dtype else grad.to(p)) if reached else None
             offset += n
         out: dict[str, Any] = {
             "lr": torch.full((), rates[0] if isinstance(rates, list) else rates, dtype=torch.float32, device=self.device),
             "loss_scale": torch.full((), self.scaler.scale, dtype=torch.float32, device=self.device),
             "global_step": self.global_step + 1,
         }
-        self._update(out, plan, rates)
+        self._update(out, plan, rates, scripted=self.half_weights is None)  # the scripted update reads 16-bit leaves
         return out
 
     def _advance(self) -> None:

@@ -5,7 +5,7 @@ weights, the optimizer state, the schedule and the loss scaler, and runs the upd
 broadcasts the weights to every system and sums the systems' weight gradients back into MemoryX;
 each **system** runs the program's forward and backward on its own shard of the global batch.
 Here SwarmX is MPI's ``Bcast`` and ``Reduce`` on the swarm's communicator (:mod:`.swarmx`);
-:mod:`.memoryx` and :mod:`.system` are the two roles' halves of a step, each on an
+:mod:`.roles` holds the two roles' halves of a step, each on an
 :class:`~csrun.emulator.engine.executor.Engine`.
 
 One step's messages (swarm communicator: MemoryX and the N systems):
@@ -20,6 +20,10 @@ One step's messages (swarm communicator: MemoryX and the N systems):
    once), clipping, the optimizer with the schedule's rate, the scaler's update.
 
 N systems at per-system batch B then train as one system at batch N·B, to float32 rounding
-(the gradients of a mean are summed in another order). Float32 programs only: a program whose
-16-bit weights the engine rounds itself (``half_weights``) is refused.
+(the gradients of a mean are summed in another order). With mixed precision each system's
+gradients are rounded to the 16-bit format before the sum (one system rounds the whole batch's
+once), so the two agree to that rounding, not to float32's.
+
+The chief's side (:mod:`.device`, :mod:`.link`) and the tasks' (:mod:`.task`) make these steps
+from the user's loop: ARCHITECTURE.md has one step's messages end to end.
 """

@@ -24,8 +24,6 @@ HOLD = StepPlan(update=False)
 def _check(engine: Engine) -> None:
     if not engine.training:
         raise SpecError("a data-parallel step trains: this is an eval program")
-    if engine.half_weights is not None:
-        raise SpecError("the data-parallel step runs float32 programs; this one rounds 16-bit weights itself")
 
 
 class MemoryXRole:
@@ -37,7 +35,6 @@ class MemoryXRole:
         self.swarm = swarm
         self._size = size = engine.flat_weights().numel()
         self._outgoing = torch.zeros(size + 1, dtype=torch.float32)  # the weights, then the loss scale
-        self._zeros = torch.zeros(size + len(engine.params), dtype=torch.float32)  # MemoryX's share of the sum
         self._total = torch.zeros(size + len(engine.params), dtype=torch.float32)  # gradients, then who had one
 
     def step(self, plan: StepPlan = FULL_STEP) -> dict[str, torch.Tensor]:
@@ -48,7 +45,7 @@ class MemoryXRole:
         self._outgoing[:-1].copy_(self.engine.flat_weights())
         self._outgoing[-1] = scaler.scale
         self.swarm.broadcast(self._outgoing)
-        self.swarm.reduce(self._zeros, self._total)
+        self.swarm.reduce(self._total)
         grads, present = self._total[:self._size], self._total[self._size:]
         return self.engine.apply_gradients(grads.div_(self.swarm.systems), plan, present=present)
 

@@ -2,6 +2,9 @@
 
 One float32 vector each way per step, through MPI's own collectives on the swarm's communicator
 (``Bcast`` from MemoryX's rank, ``Reduce`` with ``SUM`` into it): no reduction of csrun's own.
+Each is started non-blocking (``Ibcast`` / ``Ireduce``) and waited for at
+:class:`~csrun.stream.wire.Backoff`'s pace: MemoryX waits in the reduction while the systems
+run their forward and backward, and MPICH's blocking collectives would spin a core doing it.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from csrun.stream.wire import Backoff, wait_for
 
 
 class SwarmX:
@@ -27,13 +32,21 @@ class SwarmX:
 
     def broadcast(self, vector: torch.Tensor) -> None:
         """MemoryX's ``vector`` into every system's (same length, float32, contiguous on the CPU)."""
-        self.comm.Bcast(self._spec(vector), root=self.memoryx)
+        self._wait(self.comm.Ibcast(self._spec(vector), root=self.memoryx))
 
-    def reduce(self, vector: torch.Tensor, into: torch.Tensor | None = None) -> None:
-        """Sum every system's ``vector`` into MemoryX's ``into`` (MemoryX contributes ``vector``,
-        its zeros; ``into`` only on MemoryX)."""
-        recv = self._spec(into) if into is not None and self.is_memoryx else None
-        self.comm.Reduce(self._spec(vector), recv, op=self._mpi.SUM, root=self.memoryx)
+    def reduce(self, vector: torch.Tensor) -> None:
+        """Sum every system's ``vector`` into MemoryX's: on MemoryX ``vector`` is where the sum lands
+        (in place: its contents are dropped first, MemoryX adding nothing of its own)."""
+        if self.is_memoryx:
+            vector.zero_()
+            self._wait(self.comm.Ireduce(self._mpi.IN_PLACE, self._spec(vector), op=self._mpi.SUM, root=self.memoryx))
+        else:
+            self._wait(self.comm.Ireduce(self._spec(vector), None, op=self._mpi.SUM, root=self.memoryx))
+
+    @staticmethod
+    def _wait(request: Any) -> None:
+        """Until ``request`` completes, polled at a collective's pace (no spinning once it idles)."""
+        wait_for(request.Test, Backoff.collective())
 
     def _spec(self, vector: torch.Tensor) -> list[Any]:
         """mpi4py's ``[buffer, MPI.FLOAT]`` for ``vector``, made once per buffer (the roles reuse theirs)."""

@@ -3,10 +3,11 @@
 csrun runs one emulated system whose input workers are the job's streamer tasks, on a
 filesystem every task sees. So:
 
-* ``num_csx`` must be 1 (more would take that many emulators with the batch split across them
-  and their gradients reduced every step, which csrun does not have);
-* ``num_workers_per_csx`` (0: as launched) must equal the streamer tasks the launcher started
-  (``csrun_wse --total-nodes N+1`` gives N);
+* ``num_csx`` must equal the job's systems (1, or ``csrun_wse --num-csx N``: a cluster of N
+  emulated systems training data parallel, :mod:`csrun.emulator.swarm`); each batch of the
+  DataLoader is one system's (``get_streaming_batch_size``), a step takes N of them;
+* ``num_workers_per_csx`` (0: as launched) times ``num_csx`` must equal the streamer tasks the
+  launcher started (``csrun_wse --total-nodes N+1`` gives N);
 * ``mount_dirs`` must exist (they are seen as they are: nothing is mounted);
 * ``disable_version_check`` is accepted (there is no version to check);
 * ``precision_opt_level`` may be 1, the system's default, which 2.2.1's flow always sets
@@ -97,8 +98,9 @@ class CSConfig:
     debug_args: Any = None
     """None or an empty ``DebugArgs``; anything set in it is refused."""
 
-    def check(self, num_streamers: int | None = None) -> None:
-        """Refuse what csrun cannot honour; with ``num_streamers`` (the job's) check the workers too."""
+    def check(self, num_streamers: int | None = None, num_systems: int | None = None) -> None:
+        """Refuse what csrun cannot honour; with ``num_streamers`` and ``num_systems`` (the job's)
+        check the workers and the systems too."""
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in _FIXES and value not in (None, [], {}, "") and _DEFAULTS.get(f.name, _NONE) != value:
@@ -120,18 +122,24 @@ class CSConfig:
         if self.num_workers_per_csx is None:
             self.num_workers_per_csx = 0
         if isinstance(self.num_csx, bool) or not isinstance(self.num_csx, int) or self.num_csx < 1:
-            raise CSConfigError(f"CSConfig(num_csx={self.num_csx!r}): give a positive number of systems (1 here)")
-        if self.num_csx > 1:
-            raise CSConfigError(f"CSConfig(num_csx={self.num_csx}): csrun emulates one system; {self.num_csx} would "
-                                f"take {self.num_csx} emulators, the batch split across them and their gradients "
-                                f"reduced every step (data parallel), which csrun does not have: use num_csx=1")
+            raise CSConfigError(f"CSConfig(num_csx={self.num_csx!r}): give a positive number of systems")
+        if num_systems is not None and self.num_csx != num_systems:
+            raise CSConfigError(f"CSConfig(num_csx={self.num_csx}) but this job has {num_systems} system(s): launch it "
+                                f"with csrun_wse --num-csx {self.num_csx} (the launcher allocates the systems)")
         workers = self.num_workers_per_csx
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise CSConfigError(f"CSConfig(num_workers_per_csx={workers!r}): give 0 (as launched) or a positive number")
-        if num_streamers is not None and workers and workers != num_streamers:
-            raise CSConfigError(f"CSConfig(num_workers_per_csx={workers}) but this job has {num_streamers} streamer "
-                                f"task(s): launch with csrun_wse --total-nodes {workers + 1} --tasks-per-node 1 (or "
-                                f"leave num_workers_per_csx at 0)")
+        if num_streamers is not None and workers and workers * self.num_csx != num_streamers:
+            per = "" if self.num_csx == 1 else f" x {self.num_csx} systems"
+            raise CSConfigError(f"CSConfig(num_workers_per_csx={workers}){per} but this job has {num_streamers} "
+                                f"streamer task(s): launch with csrun_wse --total-nodes {workers * self.num_csx + 1} "
+                                f"--tasks-per-node 1 (or leave num_workers_per_csx at 0)")
+        if num_systems is not None and num_systems > 1 and num_streamers is not None \
+                and (num_streamers == 0 or num_streamers % num_systems):
+            raise CSConfigError(f"CSConfig(num_csx={num_systems}) with {num_streamers} streamer task(s): a cluster "
+                                f"streams from the same number of input workers per system, so that each system's "
+                                f"batches come from its own; launch {num_systems} x k streamers (csrun_wse "
+                                f"--num-csx {num_systems} with k streamer tasks per system)")
         for folder in self.mount_dirs or []:
             if not os.path.isdir(folder):
                 raise CSConfigError(f"CSConfig(mount_dirs=[..., {folder!r}, ...]): no such folder; csrun mounts "

@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator, Literal, Union
 import torch
 
 import csrun.torch as cbtorch
+from csrun.cluster import cluster_info
 from csrun.errors import UserError
 from csrun.pytorch.backends import require_backend
 from csrun.pytorch.input_worker import assign_input
@@ -170,7 +171,7 @@ class DataExecutor:
         self.profiler = Profiler()
         """``profiler.rate_tracker``: samples over time."""
         self.cs_config = cs_config if cs_config is not None else CSConfig()
-        self.cs_config.check()
+        self.cs_config.check(num_systems=cluster_info().num_csx)
         self.step = 0
         """The current step, 1-based (0 before the loop)."""
         self.batch: Any = None
@@ -215,7 +216,7 @@ class DataExecutor:
         source = self.dataloader
         assign_input(source.input_fn, source.args, source.kwargs, mode, source.rng_state)  # 2.x streamers' role
         loader = self.dataloader.streaming()
-        self.cs_config.check(num_streamers=cbtorch.num_streamers())
+        self.cs_config.check(num_streamers=cbtorch.num_streamers(), num_systems=cluster_info().num_csx)
         total = self.num_steps
         if total is None:
             try:
