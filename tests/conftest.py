@@ -41,7 +41,7 @@ def _cluster_conf() -> tuple[str | None, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"slurm/local-cluster status failed: {exc}"
     if done.returncode != 0:
-        return None, "the local Slurm cluster is not running (start it with: slurm/local-cluster start --workers 4)"
+        return None, "the local Slurm cluster is not running (start it with: slurm/local-cluster start --workers 4 --systems 2)"
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("export SLURM_CONF="):
             return line.split("=", 1)[1].strip().strip("'\""), ""
