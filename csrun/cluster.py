@@ -137,6 +137,11 @@ class ClusterInfo:
         return -1 if self.in_swarm else self.rank - self.swarm_tasks
 
     @property
+    def streamer_ranks(self) -> list[int]:
+        """The streamers' ranks in the job's world (after the cluster's systems and MemoryX)."""
+        return list(range(self.swarm_tasks + 1, self.num_tasks))
+
+    @property
     def num_streamers(self) -> int:
         """How many tasks stream input to the chief (0 when the chief runs alone)."""
         return self.input_tasks - 1

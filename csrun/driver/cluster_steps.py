@@ -8,8 +8,10 @@ taken from batch i the way the step took them from the first (:attr:`StepState.i
 
 Refused, each in one line naming the fix: an input the step computed on the host from the
 batch (each system would need the computation done on its own batch: do it in the model's
-forward); batches of different shapes within a step. An epoch whose last batches do not fill
-a step of N leaves them out (said once), as ``drop_last`` does.
+forward); batches of different shapes within a step. An epoch whose last batches do not fill a
+step of N leaves them out (said once), as one system at N·B with ``drop_last`` leaves out the
+samples that do not fill its last batch; the loader's data position counts them, so a resume
+skips exactly the batches the run took.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ class ClusterSteps:
         self._told_short_epoch = False
 
     def gather(self, fetch: Callable[[], Any]) -> list[Any] | None:
-        """The step's other N-1 batches from ``fetch``; None when the epoch ends first."""
+        """The step's other N-1 batches from ``fetch``; None when the epoch ends first (its last
+        batches are left out, as one system at N·B with ``drop_last`` leaves out the samples that
+        do not fill a batch; the stream's data position still counts them)."""
         extras: list[Any] = []
         for _ in range(self.num_csx - 1):
             item = fetch()
@@ -44,7 +48,8 @@ class ClusterSteps:
                 if not self._told_short_epoch:
                     self._told_short_epoch = True
                     self._notice(f"the epoch's last {len(extras) + 1} batch(es) do not fill a step of "
-                                 f"{self.num_csx} systems: left out (as drop_last does)")
+                                 f"{self.num_csx} systems: left out (as drop_last does for one system at "
+                                 f"{self.num_csx} x batch_size)")
                 return None
             extras.append(widened(item))
         return extras

@@ -494,15 +494,15 @@ class DeviceDriver:
         inputs = values.inputs
         if self.options.path.compiles_only:
             self._compile_and_exit(inputs, recording)
+        batch: Any = inputs
+        if self.cluster is not None:  # before a compile: an input the systems cannot take is refused at once
+            batch = self.cluster.shards(values, step.extras or [])
         if step.recorder.recording is None:
             step.recorder.compiled(recording)
         loaded = self.loaded
         if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature():
             self._compile_and_load(inputs, step.mode, recording)
         check = self._start_check(step, recording, plan, inputs) if self._verify_left > 0 else None
-        batch: Any = inputs
-        if self.cluster is not None:
-            batch = self.cluster.shards(values, step.extras or [])
         handle = self._device().submit(batch, plan)
         if check is not None:
             self._verify_left -= 1

@@ -273,9 +273,10 @@ def check_num_csx(params: Params, path: RunPath, job_systems: int | None = None)
     job = cluster_info().num_csx if job_systems is None else job_systems
     stated = rc.num_csx
     if path.kind != "system":
-        if stated is not None and stated > 1 and cluster_info().is_chief:
-            print(f"csrun: runconfig.num_csx {stated} is the system's: this CPU run trains one stream of batches "
-                  f"of batch_size", flush=True)
+        shown = stated if stated is not None and stated > 1 else job
+        if shown > 1 and cluster_info().is_chief:
+            print(f"csrun: num_csx {shown} is the system's: this CPU run trains one stream of batches of batch_size"
+                  + (f" (the job's {job} system tasks stay idle)" if job > 1 else ""), flush=True)
         return
     if stated is not None and stated != job:
         raise ConfigError(f"runconfig.num_csx is {stated} but this job has {job} system(s)",
@@ -284,12 +285,12 @@ def check_num_csx(params: Params, path: RunPath, job_systems: int | None = None)
     rc.num_csx = job
     if job == 1:
         return
-    if rc.compile_only or rc.validate_only:
-        return
     if rc.execution_strategy == PIPELINE:
         raise ConfigError(f"num_csx {job}: a cluster of systems trains in weight-streaming mode only",
                           fix=f"run with python-ws, or --execution_strategy {WEIGHT_STREAMING} (pipelined mode "
                               "runs on one system)")
+    if rc.compile_only or rc.validate_only:
+        return  # a compile is one system's program, the same at any N
     if rc.mode != "train":
         raise ConfigError(f"--mode {rc.mode} with num_csx {job}: eval runs on one system (the cluster trains only)",
                           fix="run eval (and eval_all) in a job of one system: csrun_wse without --num-csx")

@@ -129,13 +129,14 @@ class _StepBook:
         self.group: int | None = None
         """Loss rows read per closure; None (read each) until the first closure has seen the outputs' size."""
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, position: int | None = None) -> None:
+        """Checkpoint ``step``; ``position``: the stream's batch after it (default: the loader's now)."""
         s = self.s
         if s.last_saved == step:
             return
         state = dict(cbtorch.get_state())
         state["lr_scheduler"] = {"global_step": int(state.get("global_step", step))}
-        state["data_position"] = step * s.grad_accum_steps * s.num_csx
+        state["data_position"] = s.loader.data_position if position is None else position
         save_checkpoint(s.model_dir, step, state)
         s.last_saved = step
         s.log(MSG_SAVED.format(step))
@@ -154,9 +155,10 @@ class _StepBook:
         if self.s.check_loss_values and not math.isfinite(loss):
             raise LossValueError("NaN loss detected." if math.isnan(loss) else "inf loss detected.")
 
-    def on_step(self, outputs: dict[str, Any], step: int, rows: list[tuple[int, Any]]) -> None:
+    def on_step(self, outputs: dict[str, Any], step: int, rows: list[tuple[int, Any]], position: int) -> None:
         """The closure of a step whose outputs are read: ``rows`` are the ``save_losses`` rows since
-        the last one (this step's last), each checked before it is written."""
+        the last one (this step's last), each checked before it is written; ``position``: the
+        stream's batch after this step (the closure runs once the next step's batches are taken)."""
         s = self.s
         for row_step, row_loss in rows:
             value = _scalar(row_loss)
@@ -191,9 +193,9 @@ class _StepBook:
                 s.progress.log(log_line(step, s.target_step, loss, lr, self.rate or 0.0, elapsed=elapsed, eta=eta))
         s.progress.step(step, loss, self.rate)
         if step == s.target_step or (s.checkpoint_steps and step % s.checkpoint_steps == 0):
-            self.save(step)
+            self.save(step, position)
         if s.preemption.requested:
-            self.save(step)
+            self.save(step, position)
             raise Preempted(s.preemption.signum or 15, step)
 
 
@@ -227,7 +229,7 @@ def train(s: TrainSetup) -> TrainResult:
                     if s.losses is not None:
                         unread.append((step, outputs["loss"]))
                     if book.wants(step, len(unread)):
-                        cbtorch.add_step_closure(book.on_step, args=(outputs, step, unread))
+                        cbtorch.add_step_closure(book.on_step, args=(outputs, step, unread, s.loader.data_position))
                         unread = []
                     if step >= s.target_step:
                         break

@@ -291,6 +291,7 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
         optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
         state, where = _checkpoint_to_load(params, model_dir)
         start = 0
+        data_position: int | None = None  # batches of the stream the checkpoint's run had taken
         resumed: tuple[int, ...] = ()  # the step of the checkpoint loaded: retention never deletes it
         if state is not None:
             pretrained = rc.is_pretrained_checkpoint and where == rc.checkpoint_path
@@ -301,10 +302,13 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
                 cbtorch.set_state(state, strict=True, load_optimizer=optimizer is not None)
                 start = int(state.get("global_step", 0))
                 resumed = (start,)
+                position = state.get("data_position")
+                if isinstance(position, int) and not isinstance(position, bool) and position >= 0:
+                    data_position = position
                 _say(f"Loaded checkpoint {where} at global step {start}")
         if mode in ("train", "train_and_eval"):
             start = _train(params, path, model, optimizer, settings, model_dir, start, train_input_fn, preemption,
-                           keep_steps=resumed, started=started)
+                           keep_steps=resumed, started=started, data_position=data_position)
         if mode in ("eval", "train_and_eval"):
             _eval(params, path, model, model_dir, start, eval_input_fn, eval_metrics, time.monotonic()
                   if mode == "train_and_eval" else started)
@@ -325,7 +329,8 @@ def _make_model_dir(model_dir: Path) -> None:
 
 def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optimizer: Any, settings: Any,
            model_dir: Path, start: int, train_input_fn: Callable[[Params], Any] | None,
-           preemption: Preemption, *, keep_steps: tuple[int, ...] = (), started: float) -> int:
+           preemption: Preemption, *, keep_steps: tuple[int, ...] = (), started: float,
+           data_position: int | None = None) -> int:
     from csrun.program.schedules import build_schedule
 
     rc = params.runconfig
@@ -345,8 +350,8 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         _say(f"global step {start} already reaches the last step {target}: nothing to train")
         _say(MSG_TRAIN_DONE)
         return start
-    if start:
-        loader.skip(start * accum * systems)
+    if start:  # where the checkpoint's run stopped taking batches (another num_csx took another count a step)
+        loader.skip(data_position if data_position is not None else start * accum * systems)
     schedule = build_schedule(settings.learning_rate)
     _say_schedule_end(schedule, start, target)
     scalars = Scalars(folder)

@@ -64,6 +64,8 @@ class StreamingDataLoader:
         self.stats = ChiefStats()
         """The chief's input-wait and step times."""
         self._skip = 0
+        self._taken = 0
+        """Batches taken from the stream (a cluster's step takes several; an epoch's left-out ones count)."""
         self._stream: BatchStream | None = None
         self._input: TimedInput | None = None
         """The stream with the chief's clock (made at the first batch)."""
@@ -106,6 +108,12 @@ class StreamingDataLoader:
     # -- used by Session ------------------------------------------------------------------
 
     @property
+    def data_position(self) -> int:
+        """The stream's batch the next step starts at: :meth:`skip`'s plus every batch taken since
+        (what a checkpoint records, and a resume skips to)."""
+        return self._skip + self._taken
+
+    @property
     def start_batch(self) -> int:
         """The global batch the sequence starts at (set by :meth:`skip`; 0 by default)."""
         return self._skip
@@ -138,7 +146,13 @@ class StreamingDataLoader:
         if self._in_step:  # the step that just ended: the backend sends it, fetches, then runs its closures
             self._in_step = False
             ended, st.closures = st.closures, []
-        item = st.backend.next_step(timed.next, ended)
+        def fetch() -> Any:
+            item = timed.next()
+            if item is not EPOCH_END:
+                self._taken += 1
+            return item
+
+        item = st.backend.next_step(fetch, ended)
         self._in_step = item is not EPOCH_END
         return item
 

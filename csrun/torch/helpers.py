@@ -4,7 +4,7 @@
 ``use_cs()``               True when the chief targets the device (embedded, remote, compile/validate only)
 ``is_master_ordinal()``    True on the chief (rank 0)
 ``is_streamer()``          True on every other rank
-``get_ordinal()``          this task's global rank
+``get_ordinal()``          this task's rank among the chief and the streamers (a cluster's systems and MemoryX not counted)
 ``get_streaming_rank()``   the streaming rank (0-based among streamers); 0 on a lone chief,
                            -1 on a chief that has streamers
 ``num_streamers()``        streamers in the job (0 when the chief runs alone)
@@ -32,7 +32,7 @@ import numpy as np
 from csrun.errors import UserError
 from csrun.stream.message import pack, unpack
 from csrun.stream.wire import mpi
-from csrun.torch.process_state import comm, state
+from csrun.torch.process_state import input_comm, state
 from csrun.torch.roles import ensure_assigned
 
 
@@ -68,8 +68,9 @@ def is_streamer() -> bool:
 
 
 def get_ordinal() -> int:
-    """This task's global rank (0 is the chief)."""
-    return state().info.rank
+    """This task's rank among the tasks that run the script (0 is the chief, the streamers 1..S;
+    on a cluster the systems and MemoryX are not counted), below :func:`world_size`."""
+    return state().info.input_rank
 
 
 def get_streaming_rank() -> int:
@@ -123,7 +124,7 @@ def rendezvous(tag: str) -> None:
     """Wait until every task of the job reaches ``rendezvous`` with the same ``tag``."""
     if not _together():
         return
-    world = comm()
+    world = input_comm()
     mine = np.array([zlib.crc32(str(tag).encode())], dtype=np.int64)
     tags = np.zeros(world.Get_size(), dtype=np.int64)
     world.Allgather(mine, tags)
@@ -134,7 +135,7 @@ def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> A
     """Gather ``data`` from every task (rank order) and return ``reduce_fn`` of the list, on every task."""
     if not _together():
         return reduce_fn([data])
-    world = comm()
+    world = input_comm()
     payload = np.frombuffer(pack(data), dtype=np.uint8)
     mine = np.array([zlib.crc32(str(tag).encode()), payload.size], dtype=np.int64)
     table = np.zeros((world.Get_size(), 2), dtype=np.int64)

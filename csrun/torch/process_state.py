@@ -124,15 +124,22 @@ _input_comm: Any = None
 
 
 def comm() -> Any:
-    """The input group's communicator: the chief (rank 0) and the streamers (1..S); ``MPI.COMM_WORLD``
-    unless the job is a cluster of systems, whose tasks take no part (imports mpi4py on first call)."""
+    """``MPI.COMM_WORLD`` (imports mpi4py on first call): the stream's point-to-point messages name
+    world ranks (:attr:`~csrun.cluster.ClusterInfo.streamer_ranks`)."""
+    return mpi().COMM_WORLD
+
+
+def input_comm() -> Any:
+    """The input group's communicator for the user API's collectives: the chief (rank 0) and the
+    streamers (1..S); ``MPI.COMM_WORLD`` unless the job is a cluster of systems, whose tasks take
+    part in none. Made at its first collective (``MPI_Comm_create_group``: the input tasks only)."""
     global _input_comm
-    world = mpi().COMM_WORLD
+    world = comm()
     info = state().info
     if not info.swarm_tasks:
         return world
     if _input_comm is None:
-        group = world.Get_group().Incl([0, *range(info.swarm_tasks + 1, info.num_tasks)])
+        group = world.Get_group().Incl([0, *info.streamer_ranks])
         try:
             _input_comm = world.Create_group(group)
         finally:
@@ -160,7 +167,7 @@ def _release_unstarted() -> None:
     if st is None or st.streamed:
         return
     try:
-        Receiver(comm(), list(range(1, st.info.input_tasks)), timeout=1.0).stop_unstarted()
+        Receiver(comm(), st.info.streamer_ranks, timeout=1.0).stop_unstarted()
     except Exception:  # exiting anyway; the launcher cleans up
         pass
 

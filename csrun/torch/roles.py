@@ -47,7 +47,7 @@ def assign(payload: bytes) -> None:
     if not waiting():
         return
     _assigned = True
-    send_assignment(comm(), list(range(1, state().info.input_tasks)), payload)
+    send_assignment(comm(), state().info.streamer_ranks, payload)
 
 
 def ensure_assigned() -> None:

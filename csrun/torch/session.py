@@ -95,7 +95,7 @@ class Session:
         if st.streaming:
             st.streamed = True
             try:
-                receiver = Receiver(comm(), list(range(1, st.info.input_tasks)),
+                receiver = Receiver(comm(), st.info.streamer_ranks,
                                     prefetch=self.dataloader.prefetch, skip=self.dataloader.start_batch)
                 receiver.start()
             except StreamError as exc:

@@ -2,65 +2,23 @@
 
 GPT-3 XL has 1.3B parameters (5 GB of float32 weights, 16 GB more of AdamW state and gradients)
 and a batch of 256 x 2048 tokens: building it for real, and running the step once on a CPU to
-learn its shapes, does not fit this kind of machine in memory or time. A compile needs only
-shapes and dtypes, so with ``--compile_only`` or ``--validate_only`` on the command line (or the
-explicit ``--shapes_only``) run.py builds the model under
-``torch.device("meta")`` (parameters without storage) and one batch of meta tensors of the
-``train_input`` (or ``eval_input``) shapes (int32 ``input_ids`` / ``labels`` /
-``attention_mask``, ``[batch_size, max_sequence_length]``), then calls
-:func:`csrun.compiler.compile_only` (or ``validate_only``) directly: ``torch.export`` traces
-meta tensors as it traces fake ones, and the checks, the placement in the run's execution
-strategy and the compile directory are those of a normal compile (``program.pt2`` keeps
-shape-only weight placeholders either way). No data is read, and no weight is allocated: GPT-3
-XL's compile stays small (BENCHMARKS.md). Under ``csrun_wse`` only the chief compiles; a
-streamer, with nothing to stream, exits 0.
-
-Every run.py flag and params key applies as usual (``--execution_strategy``,
-``CSRUN_EXECUTION_STRATEGY`` from ``python-ws``, ``-o``, ``--compile_dir``); ``--shapes_only``
-without ``--compile_only`` or ``--validate_only`` is refused (meta tensors hold no values to
-train on). Exit codes: 0 compiled, 1 compile failed, 2 bad flags or params.
+learn its shapes, does not fit this kind of machine in memory or time. So GPT's run.py compiles
+on meta tensors (:mod:`csrun.run.shapes_only`: the rules, the ``--shapes_only`` flag, the exit
+codes), with one batch of the ``train_input`` (or ``eval_input``) shapes: int32 ``input_ids`` /
+``labels`` / ``attention_mask``, ``[batch_size, max_sequence_length]``. GPT-3 XL's compile stays
+small (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from typing import Any
 
 import torch
 
-from csrun.cluster import cluster_info
-from csrun.compiler import compile_only, exit_code, validate_only
-from csrun.consoles import console as log_console
-from csrun.errors import UserError
-from csrun.run import cli_args
-from csrun.run.runner import compile_settings
-from csrun.typed_config import ConfigError
+from csrun.run import shapes_only
+from csrun.run.shapes_only import FLAG, extra_args, wanted
 
-FLAG = "--shapes_only"
-"""The flag (GPT's own run.py flag, see :func:`extra_args`)."""
-
-
-class ShapesOnlyNeedsCompile(ConfigError):
-    """``--shapes_only`` without ``--compile_only`` / ``--validate_only``."""
-
-
-def extra_args() -> argparse.ArgumentParser:
-    """GPT's own run.py flag ``--shapes_only`` (the runner's ``extra_args_parser_fn``)."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument(FLAG, action="store_true", default=False,
-                   help="with --compile_only/--validate_only: compile on torch's meta device (shapes only, "
-                        "no weights, no data), so GPT-3 XL compiles in seconds")
-    return p
-
-
-COMPILE_FLAGS = ("--compile_only", "--validate_only")
-"""A compile needs shapes, not weights: these flags take the shapes-only path by themselves."""
-
-
-def wanted(argv: list[str]) -> bool:
-    """True when the command line asks for a compile (``--shapes_only``, ``--compile_only``, ``--validate_only``)."""
-    return FLAG in argv or any(a in COMPILE_FLAGS for a in argv)
+__all__ = ["FLAG", "compile_shapes_only", "extra_args", "meta_batch", "wanted"]
 
 
 def meta_batch(section: Any) -> dict[str, torch.Tensor]:
@@ -69,34 +27,7 @@ def meta_batch(section: Any) -> dict[str, torch.Tensor]:
     return {k: torch.empty(shape, dtype=torch.int32, device="meta") for k in ("input_ids", "labels", "attention_mask")}
 
 
-def compile_shapes_only(argv: list[str], *, model_fn: Any, model_config: type, input_config: type,
-                        prog: str = "run.py") -> int:
-    """Parse run.py's ``argv`` and compile (or validate) on meta tensors; the exit status (module docstring)."""
-    if not cluster_info().is_chief:
-        return 0  # a streamer of a compile-only job: nothing to stream
-    try:
-        args = cli_args.parse_args(argv, prog=prog, parents=[extra_args()])
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
-    try:
-        params = cli_args.load_params(args, model_config=model_config, input_config=input_config)
-        rc = params.runconfig
-        if not (rc.compile_only or rc.validate_only):
-            raise ShapesOnlyNeedsCompile(f"{FLAG}: meta tensors have no values to train on",
-                                         fix="add --compile_only (or --validate_only), or drop --shapes_only")
-        mode = "eval" if rc.mode in ("eval", "eval_all") else rc.mode
-        settings = compile_settings(params, mode=mode)
-        section = params.eval_input if mode == "eval" else params.train_input
-        with torch.device("meta"):
-            model = model_fn(params)
-        model.train(mode != "eval")
-        console = log_console(highlight=False)
-        if rc.validate_only:
-            result = validate_only(model, meta_batch(section), settings=settings, console=console)
-        else:
-            result = compile_only(model, meta_batch(section), settings=settings, model_dir=rc.model_dir,
-                                  compile_dir=rc.compile_dir, console=console)
-        return exit_code(result)
-    except UserError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
+def compile_shapes_only(argv: list[str], **model: Any) -> int:
+    """run.py's compile on meta tensors with GPT's batch (``model``: ``model_fn``, ``model_config``,
+    ``input_config``, ``prog``)."""
+    return shapes_only.compile_shapes_only(argv, meta_batch=meta_batch, **model)

@@ -17,9 +17,11 @@ def test_the_loss_is_the_systems_mean_counts_add_and_per_sample_outputs_join() -
     got = reduce_outputs([
         {"loss": torch.tensor(1.0), "count": torch.tensor(3), "logits": torch.ones(2, 5)},
         {"loss": torch.tensor(2.0), "count": torch.tensor(4), "logits": torch.zeros(2, 5)},
-    ])
+    ], batch_size=2)
     assert got["loss"].item() == 1.5 and got["count"].item() == 7
     assert got["logits"].shape == (4, 5) and got["logits"][:2].eq(1).all() and got["logits"][2:].eq(0).all()
+    with pytest.raises(ClusterError, match=r"output 'per_class' of shape \(3,\) is neither a scalar nor one row per sample"):
+        reduce_outputs([{"per_class": torch.ones(3)}, {"per_class": torch.ones(3)}], batch_size=2)
 
 
 def test_each_system_takes_its_inputs_from_its_own_batch() -> None:
@@ -52,12 +54,26 @@ def test_an_epoch_that_does_not_fill_a_step_leaves_its_last_batches_out_once() -
     assert steps.gather(lambda: next(more)) == [5, 6]
 
 
-def test_eval_runs_on_one_system() -> None:
+def test_eval_and_a_step_that_updates_buffers_run_on_one_system() -> None:
+    from tests.emulator.helpers import make_program
+
     class Spec:
         mode = "eval"
 
     with pytest.raises(ClusterError, match="eval runs on one system"):
         SwarmEngine(None, Spec(), comm=None, num_csx=2)  # type: ignore[arg-type]  # refused before it sends anything
+    class Normed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+
+        def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            x, y = batch
+            return ((self.net(x) - y) ** 2).mean()
+
+    program, spec = make_program(Normed().train(), (torch.randn(8, 4), torch.randn(8, 1)))
+    with pytest.raises(ClusterError, match=r"updates buffers \(.*running_mean.*each of 2 systems would keep"):
+        SwarmEngine(program, spec, comm=None, num_csx=2)
 
 
 def test_the_compile_report_plans_the_cluster() -> None:

@@ -179,8 +179,9 @@ def test_checkpoint_closure_runs_at_exactly_the_checkpoint_steps() -> None:
 
 def test_cs_config_refusals() -> None:
     cstorch.backend("CPU")
+    cstorch.utils.data.DataExecutor(loader(), cs_config=cstorch.utils.CSConfig(num_csx=16))  # the CPU validates it
     with pytest.raises(CSConfigError) as exc:
-        cstorch.utils.data.DataExecutor(loader(), cs_config=cstorch.utils.CSConfig(num_csx=16))
+        cstorch.utils.CSConfig(num_csx=16).check(num_systems=1)  # the device's loop: the job's systems
     one_line(exc, "num_csx=16", "this job has 1 system", "csrun_wse --num-csx 16")
     with pytest.raises(CSConfigError) as exc:
         cstorch.utils.CSConfig(mgmt_address="10.0.0.1:443").check()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -106,17 +107,21 @@ def test_two_systems_train_as_one_at_twice_the_batch(tmp_path: Path, no_slurm_en
     assert "(12800 samples" in two.stdout and "(12800 samples" in one.stdout
 
 
-def test_a_checkpoint_resumes_bit_identically_at_the_same_n(tmp_path: Path, no_slurm_env: dict[str, str]) -> None:
-    config, whole, parts = params(tmp_path, 64), tmp_path / "whole", tmp_path / "parts"
-    ok(cluster(run_py(config, whole, "--max_steps", "40", "--checkpoint_steps", "20"), no_slurm_env, streamers=1))
+def test_a_checkpoint_resumes_bit_identically_at_the_same_n_past_an_epoch_end(tmp_path: Path,
+                                                                               no_slurm_env: dict[str, str]) -> None:
+    """Batches of 48: an epoch of the digits is 37 of them, 18 steps of 2 and one batch left out, so the
+    checkpoint at 20 is at the stream's batch 37 + 4 = 41, which the resume skips to."""
+    config, whole, parts = params(tmp_path, 48), tmp_path / "whole", tmp_path / "parts"
+    ok(cluster(run_py(config, whole, "--max_steps", "30", "--checkpoint_steps", "20"), no_slurm_env, streamers=1))
+    assert read_mdl(whole / "checkpoint_20.mdl")["data_position"] == 41
     parts.mkdir()
     for name in ("checkpoint_20.mdl", "checkpoint_20.mdl.sha256"):  # the run that stopped at 20
         shutil.copy2(whole / name, parts / name)
-    ok(resumed := cluster(run_py(config, parts, "--max_steps", "40", "--resume", "--checkpoint_steps", "20"),
+    ok(resumed := cluster(run_py(config, parts, "--max_steps", "30", "--resume", "--checkpoint_steps", "20"),
                           no_slurm_env, streamers=1))
     assert "checkpoint_20.mdl" in resumed.stdout + resumed.stderr
-    assert [losses(whole)[s] for s in range(21, 41)] == [losses(parts)[s] for s in range(21, 41)]  # bitwise
-    assert largest_relative(weights(parts / "checkpoint_40.mdl"), weights(whole / "checkpoint_40.mdl")) == 0.0
+    assert [losses(whole)[s] for s in range(21, 31)] == [losses(parts)[s] for s in range(21, 31)]  # bitwise
+    assert largest_relative(weights(parts / "checkpoint_30.mdl"), weights(whole / "checkpoint_30.mdl")) == 0.0
 
 
 def test_pipelined_mode_is_refused_in_one_line(tmp_path: Path, no_slurm_env: dict[str, str]) -> None:
@@ -166,6 +171,9 @@ def test_the_job_s_count_is_taken_and_the_cpu_path_trains_batch_size(capsys: pyt
     on_cpu = given("--num_csx", "4")
     check_num_csx(on_cpu, RunPath(kind="cpu", cs_ip=None, reason="test"), job_systems=1)
     assert "num_csx 4 is the system's: this CPU run trains one stream of batches of batch_size" in capsys.readouterr().out
+    check_num_csx(given(), RunPath(kind="cpu", cs_ip=None, reason="test"), job_systems=2)  # --cpu in a cluster's job
+    said = capsys.readouterr().out
+    assert "num_csx 2 is the system's" in said and "(the job's 2 system tasks stay idle)" in said
 
 
 def swarm_tasks(marker: str) -> dict[int, int]:
@@ -211,3 +219,17 @@ def test_a_system_killed_mid_step_ends_the_job_naming_it_and_resume_continues(
     ok(resumed)
     assert f"checkpoint_{last}.mdl" in resumed.stdout + resumed.stderr
     assert (model_dir / f"checkpoint_{last + 10}.mdl").exists()
+
+
+def test_a_system_that_cannot_build_its_engine_is_named_in_one_line(tmp_path: Path,
+                                                                    no_slurm_env: dict[str, str]) -> None:
+    """``--emulator cuda:99``: every system refuses the device when it loads the program (the error
+    frames' path); the chief says which in one line, the job ends with its code, no task is left."""
+    argv = cluster_argv(run_py(params(tmp_path, 64), tmp_path / "md", "--max_steps", "5"), streamers=1)
+    argv[1:1] = ["--emulator", "cuda:99"]
+    env = {**no_slurm_env, "OMP_NUM_THREADS": "1", "CLUSTER_TEST_MARK": str(tmp_path)}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"run\.py: error: system [12]: device: 'cuda:99' ", done.stderr), done.stderr[-2000:]
+    assert "task rank 0 (chief) on" in done.stderr and "Traceback" not in done.stderr
+    assert swarm_tasks(str(tmp_path)) == {}

@@ -14,7 +14,7 @@ step's outputs, leaves the cores to the tasks that work.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -36,7 +36,10 @@ class LinkClosed(EOFError):
 class MpiLink:
     """A byte stream to one peer over MPI messages of one tag each way (a ``wire.Link``)."""
 
-    def __init__(self, comm: Any, peer: int, *, send_tag: int, recv_tag: int, idle: Backoff | None = None) -> None:
+    def __init__(self, comm: Any, peer: int, *, send_tag: int, recv_tag: int, idle: Backoff | None = None,
+                 gone: Callable[[], bool] | None = None) -> None:
+        """``gone``: asked about once a second while a receive waits; True ends the wait
+        (:class:`LinkClosed`): the peer has left without a word."""
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -46,8 +49,7 @@ class MpiLink:
         self._recv_tag = recv_tag
         self._idle = idle or Backoff.transfer()
         self._held = memoryview(b"")
-        self.deadline: float | None = None
-        """A ``time.monotonic()`` past which a receive raises :class:`LinkClosed` (None: wait on)."""
+        self._gone = gone
 
     def sendall(self, data: Any) -> None:
         """Send ``data`` as one message."""
@@ -71,13 +73,20 @@ class MpiLink:
         self._held = self._held[n:]
         return n
 
+    def ready(self) -> bool:
+        """Whether the peer's next frame has begun to arrive (a receive would not wait for it)."""
+        return bool(len(self._held)) or bool(self.comm.Iprobe(source=self.peer, tag=self._recv_tag))
+
     def _wait(self) -> int:
         """The size of the peer's next message, once it is there."""
         status = self._mpi.Status()
         self._idle.reset()
+        asked = time.monotonic()
         while not self.comm.Iprobe(source=self.peer, tag=self._recv_tag, status=status):
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                raise LinkClosed(f"rank {self.peer} sent nothing in time")
+            if self._gone is not None and time.monotonic() - asked > 1.0:
+                if self._gone():
+                    raise LinkClosed(f"rank {self.peer} has ended without a word")
+                asked = time.monotonic()
             self._idle.idle()
         return status.Get_count(self._mpi.BYTE)
 
@@ -95,6 +104,7 @@ def chief_link(comm: Any, peer: int) -> MpiLink:
     return MpiLink(comm, peer, send_tag=TO_SWARM, recv_tag=TO_CHIEF)
 
 
-def task_link(comm: Any) -> MpiLink:
-    """A system's or MemoryX's end of its link to the chief (rank 0); waits at a streamer's pace."""
-    return MpiLink(comm, 0, send_tag=TO_CHIEF, recv_tag=TO_SWARM, idle=Backoff.streamer())
+def task_link(comm: Any, chief_gone: Callable[[], bool] | None = None) -> MpiLink:
+    """A system's or MemoryX's end of its link to the chief (rank 0); waits at a streamer's pace, and
+    gives up once ``chief_gone()`` says the chief has ended."""
+    return MpiLink(comm, 0, send_tag=TO_CHIEF, recv_tag=TO_SWARM, idle=Backoff.streamer(), gone=chief_gone)

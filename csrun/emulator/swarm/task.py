@@ -23,8 +23,12 @@ op            from the chief                         answer
 ``stop``      --                                     none: the task leaves MPI and exits 0
 ============  =====================================  ==========================================
 
-A program the cluster cannot run (an eval program, 16-bit weights the engine rounds itself) is
-answered with an ``error`` frame and the task waits for the next load. A step that fails is
+A program the task cannot build (a malformed spec or archive, one its engine refuses) is
+answered with an ``error`` frame and the task waits for the next load. Waiting for a frame, the
+task looks once a second for the chief's exit report in the job's state folder: a chief that
+ended without its ``stop`` (``os._exit``, a script that never used csrun's API) does not leave
+the task waiting; it exits 0 and the chief's own code is the job's. Each system seeds torch's
+generator with its rank added, so the systems' dropout masks differ. A step that fails is
 answered with an ``error`` frame naming the task, and the task ends with exit code 1 and a last
 word (:mod:`csrun.task_exits`): the other tasks wait in the step's collectives, and the
 launcher's supervisor ends the job naming this one. Nothing a frame carries is unpickled or
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -45,16 +49,16 @@ from csrun.emulator.engine.executor import Engine
 from csrun.emulator.remote import wire
 from csrun.emulator.remote.errors import ProgramRejected
 from csrun.emulator.remote.wire import ProtocolError
-from csrun.emulator.swarm.link import MpiLink, task_link
+from csrun.emulator.swarm.link import LinkClosed, MpiLink, task_link
 from csrun.emulator.swarm.roles import MemoryXRole, SystemRole
 from csrun.emulator.swarm.swarmx import SwarmX
-from csrun.env_settings import SYSTEM_DEVICE
+from csrun.env_settings import JOB_STATE, SYSTEM_DEVICE
 from csrun.errors import UserError
 from csrun.program import archive
 from csrun.program.spec import ProgramSpec
 from csrun.program.step_plan import StepPlan
 from csrun.stream.wire import mpi
-from csrun.task_exits import describe, last_word
+from csrun.task_exits import describe, last_word, read_exits
 
 PROG = "csrun (cluster task)"
 
@@ -151,13 +155,25 @@ class SwarmTask:
             self.link.send({"op": "result", "value": wire.encode(out, sent)}, sent)
 
 
+def chief_ended(environ: dict[str, str] | None = None) -> Callable[[], bool] | None:
+    """Whether the chief has ended (its wrapper's report in the job's state folder), for a task that
+    waits for its next frame; None outside a csrun_wse job (no state folder)."""
+    state = (os.environ if environ is None else environ).get(JOB_STATE.name, "")
+    if not state:
+        return None
+    return lambda: 0 in read_exits(state)
+
+
 def _body(info: ClusterInfo) -> int:
     MPI = mpi()
     world = MPI.COMM_WORLD
+    torch.manual_seed(torch.initial_seed() + info.rank)  # each system draws its own random numbers (dropout)
     swarm = SwarmX(swarm_communicator(world, info.num_csx), memoryx=info.num_csx)
-    task = SwarmTask(info, task_link(world), swarm)
+    task = SwarmTask(info, task_link(world, chief_ended()), swarm)
     try:
         code = task.serve()
+    except LinkClosed:  # the chief ended (its own code says how) without telling this task to stop
+        return 0
     except BaseException as exc:
         cause = f"{task.name} failed: {describe(exc)}"
         try:

@@ -9,7 +9,7 @@ the streamer tasks of the ``csrun_wse`` job are the input workers:
 ``is_streamer()``                True on an input worker (a streamer task)
 ``num_streamers()``              input workers in the job (0 when the chief runs alone)
 ``get_streaming_rank()``         0-based rank among the input workers (0 on a lone chief)
-``get_ordinal()``                this task's global rank (0 is the chief)
+``get_ordinal()``                this task's rank among the chief and the streamers (0 is the chief)
 ``num_tasks()``                  every task of the job: the chief and the input workers
 ``get_streaming_batch_size(b)``  the batch one system streams: ``b`` over the job's systems
 ``get_worker_state()``           refused: csrun resumes the input at the checkpoint's step

@@ -131,15 +131,18 @@ class CSConfig:
             raise CSConfigError(f"CSConfig(num_workers_per_csx={workers!r}): give 0 (as launched) or a positive number")
         if num_streamers is not None and workers and workers * self.num_csx != num_streamers:
             per = "" if self.num_csx == 1 else f" x {self.num_csx} systems"
+            launch = (f"csrun_wse --total-nodes {workers + 1} --tasks-per-node 1" if self.num_csx == 1 else
+                      f"csrun_wse --num-csx {self.num_csx} --total-nodes {self.num_csx + 2 + workers * self.num_csx} "
+                      f"--tasks-per-node 1")
             raise CSConfigError(f"CSConfig(num_workers_per_csx={workers}){per} but this job has {num_streamers} "
-                                f"streamer task(s): launch with csrun_wse --total-nodes {workers * self.num_csx + 1} "
-                                f"--tasks-per-node 1 (or leave num_workers_per_csx at 0)")
+                                f"streamer task(s): launch with {launch} (or leave num_workers_per_csx at 0)")
         if num_systems is not None and num_systems > 1 and num_streamers is not None \
                 and (num_streamers == 0 or num_streamers % num_systems):
             raise CSConfigError(f"CSConfig(num_csx={num_systems}) with {num_streamers} streamer task(s): a cluster "
                                 f"streams from the same number of input workers per system, so that each system's "
                                 f"batches come from its own; launch {num_systems} x k streamers (csrun_wse "
-                                f"--num-csx {num_systems} with k streamer tasks per system)")
+                                f"--num-csx {num_systems} --total-nodes {num_systems + 3} --tasks-per-node "
+                                f"{num_systems}: k = 1)")
         for folder in self.mount_dirs or []:
             if not os.path.isdir(folder):
                 raise CSConfigError(f"CSConfig(mount_dirs=[..., {folder!r}, ...]): no such folder; csrun mounts "

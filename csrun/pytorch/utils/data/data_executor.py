@@ -171,7 +171,8 @@ class DataExecutor:
         self.profiler = Profiler()
         """``profiler.rate_tracker``: samples over time."""
         self.cs_config = cs_config if cs_config is not None else CSConfig()
-        self.cs_config.check(num_systems=cluster_info().num_csx)
+        self.cs_config.check()  # the job's systems and streamers are checked when the loop starts on the device
+        self._systems = 1
         self.step = 0
         """The current step, 1-based (0 before the loop)."""
         self.batch: Any = None
@@ -216,11 +217,15 @@ class DataExecutor:
         source = self.dataloader
         assign_input(source.input_fn, source.args, source.kwargs, mode, source.rng_state)  # 2.x streamers' role
         loader = self.dataloader.streaming()
-        self.cs_config.check(num_streamers=cbtorch.num_streamers(), num_systems=cluster_info().num_csx)
+        if backend.is_csx:
+            self.cs_config.check(num_streamers=cbtorch.num_streamers(), num_systems=cluster_info().num_csx)
+        else:  # the CPU trains what the script's loader gives, whatever the system's num_csx
+            self.cs_config.check(num_streamers=cbtorch.num_streamers())
+        self._systems = cluster_info().num_csx if backend.is_csx else 1  # a step takes one batch per system
         total = self.num_steps
         if total is None:
             try:
-                total = len(loader)
+                total = len(loader) // self._systems
             except TypeError:
                 total = None
         self.total_steps = total
@@ -253,7 +258,7 @@ class DataExecutor:
                 produced = True
                 self.step += 1
                 self.batch, self._traced = batch, False
-                self.profiler.rate_tracker.add(_batch_size(batch))
+                self.profiler.rate_tracker.add(_batch_size(batch) * self._systems)
                 yield batch
                 if total is not None and self.step >= total:
                     return
