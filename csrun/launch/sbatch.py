@@ -184,8 +184,9 @@ def submit(
         params["partition"] = site.partition
     if site.account:
         params["account"] = site.account
-    if exclude_gres and excluded_nodes(site):
-        params["exclude"] = excluded_nodes(site)
+    excludes = excluded_nodes(site) if exclude_gres else ""
+    if excludes:
+        params["exclude"] = excludes
     executor.update_parameters(**params)
     try:
         job = executor.submit(CommandJob(str(Path(log_dir).resolve())), list(command), dict(env), os.getcwd())

@@ -74,8 +74,9 @@ def cpu_srun_argv(command: list[str], site: SiteConfig, *, exclude_gres: bool, p
         argv.append("--pty")
     argv += ["--nodes=1", "--ntasks=1", "--exclusive", f"--cpus-per-task={site.def_cpus_per_task}"]
     argv += _placement(site)
-    if exclude_gres and excluded_nodes(site):
-        argv.append(f"--exclude={excluded_nodes(site)}")
+    excludes = excluded_nodes(site) if exclude_gres else ""
+    if excludes:
+        argv.append(f"--exclude={excludes}")
     return argv + list(command)
 
 
@@ -87,20 +88,13 @@ def _component_argv(component: Component, site: SiteConfig, *, last: bool, layou
     argv += _placement(site)
     if component.gres and site.gres_resource:
         argv.append(f"--gres={site.gres_resource}")
-    if layout.num_csx > 1:  # a cluster's step (layout.cluster_layout)
-        if component.worker and last and layout.cyclic:
-            argv.append("--distribution=cyclic")
-        if component.worker or component.systems:
-            argv.append("--exclusive")
-        excludes = component_excludes(component, site, layout)
-        return argv + ([f"--exclude={excludes}"] if excludes else [])
-    if component.worker:
-        if last and layout.cyclic:
-            argv.append("--distribution=cyclic")
+    if component.worker and last and layout.cyclic:
+        argv.append("--distribution=cyclic")
+    if component.worker or component.systems:
         argv.append("--exclusive")
-        if site.gres_node:
-            argv.append(f"--exclude={site.gres_node}")
-    return argv
+    excludes = component_excludes(component, site, layout) if layout.num_csx > 1 else \
+        (site.gres_node if component.worker else "")
+    return argv + ([f"--exclude={excludes}"] if excludes else [])
 
 
 def wse_srun_argv(command: list[str], layout: Layout, site: SiteConfig, *, name: str = "") -> list[str]:

@@ -270,11 +270,12 @@ def check_num_csx(params: Params, path: RunPath, job_systems: int | None = None)
     is the system's: the run trains batches of ``batch_size`` and says so once.
     """
     rc = params.runconfig
-    job = cluster_info().num_csx if job_systems is None else job_systems
+    info = cluster_info()
+    job = info.num_csx if job_systems is None else job_systems
     stated = rc.num_csx
     if path.kind != "system":
         shown = stated if stated is not None and stated > 1 else job
-        if shown > 1 and cluster_info().is_chief:
+        if shown > 1 and info.is_chief:
             print(f"csrun: num_csx {shown} is the system's: this CPU run trains one stream of batches of batch_size"
                   + (f" (the job's {job} system tasks stay idle)" if job > 1 else ""), flush=True)
         return

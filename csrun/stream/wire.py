@@ -146,6 +146,16 @@ def mpi() -> Any:
     return MPI
 
 
+def group_communicator(world: Any, ranks: list[int]) -> Any:
+    """A communicator of ``world``'s ``ranks`` (in that order), made by those tasks only
+    (``MPI_Comm_create_group``: collective over them, not over the world)."""
+    group = world.Get_group().Incl(ranks)
+    try:
+        return world.Create_group(group)
+    finally:
+        group.Free()
+
+
 def _sign_in_on_the_board() -> arrivals.Board | None:
     """Wait asleep until this node's other tasks have come (MPICH's MPI_Init spins while it waits for
     them): :mod:`csrun.stream.arrivals`. The board, for ``leave`` after MPI_Init; None without one."""

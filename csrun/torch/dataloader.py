@@ -141,19 +141,22 @@ class StreamingDataLoader:
 
     def _next(self) -> Any:
         st = state()
-        timed = self._input or self._start_input(st)
+        if self._input is None:
+            self._start_input(st)
         ended = None
         if self._in_step:  # the step that just ended: the backend sends it, fetches, then runs its closures
             self._in_step = False
             ended, st.closures = st.closures, []
-        def fetch() -> Any:
-            item = timed.next()
-            if item is not EPOCH_END:
-                self._taken += 1
-            return item
-
-        item = st.backend.next_step(fetch, ended)
+        item = st.backend.next_step(self._take, ended)
         self._in_step = item is not EPOCH_END
+        return item
+
+    def _take(self) -> Any:
+        """The stream's next batch (or EPOCH_END), counted in :attr:`data_position`."""
+        assert self._input is not None  # noqa: S101 - _next started the input
+        item = self._input.next()
+        if item is not EPOCH_END:
+            self._taken += 1
         return item
 
     def _start_input(self, st: Any) -> TimedInput:

@@ -20,7 +20,7 @@ from csrun.errors import UserError
 from csrun.stream.receiver import Receiver
 from csrun.stream.sender import run_streamer
 from csrun.stream.source import BatchSource
-from csrun.stream.wire import mpi
+from csrun.stream.wire import group_communicator, mpi
 from csrun.torch.gc_policy import hold_setup_objects, release_setup_objects
 from csrun.driver.cluster_steps import release_cluster
 from csrun.torch.backend import Backend, DeviceOptions, EagerBackend, StepClosure, device_factory
@@ -139,11 +139,7 @@ def input_comm() -> Any:
     if not info.swarm_tasks:
         return world
     if _input_comm is None:
-        group = world.Get_group().Incl([0, *info.streamer_ranks])
-        try:
-            _input_comm = world.Create_group(group)
-        finally:
-            group.Free()
+        _input_comm = group_communicator(world, [0, *info.streamer_ranks])
     return _input_comm
 
 

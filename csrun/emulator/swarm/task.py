@@ -57,7 +57,7 @@ from csrun.errors import UserError
 from csrun.program import archive
 from csrun.program.spec import ProgramSpec
 from csrun.program.step_plan import StepPlan
-from csrun.stream.wire import mpi
+from csrun.stream.wire import group_communicator, mpi
 from csrun.task_exits import describe, last_word, read_exits
 
 PROG = "csrun (cluster task)"
@@ -66,11 +66,7 @@ PROG = "csrun (cluster task)"
 def swarm_communicator(world: Any, num_csx: int) -> Any:
     """The systems' and MemoryX's communicator (world ranks 1..N+1; MemoryX is its rank N):
     collective over those tasks only."""
-    group = world.Get_group().Incl(list(range(1, num_csx + 2)))
-    try:
-        return world.Create_group(group)
-    finally:
-        group.Free()
+    return group_communicator(world, list(range(1, num_csx + 2)))
 
 
 class SwarmTask:
