@@ -87,6 +87,9 @@ class EnvSettings:
     half_emulation: Literal["rounding", "autocast"] | None = setting(
         None, "how the emulator runs float16/bfloat16 programs: float32 kernels with rounding (the CPU's default) "
               "or torch.autocast (a GPU's default)")
+    cuda_graph: Literal["auto", "off"] = setting(
+        "auto", "auto: on a CUDA device the engine replays each step's forward and backward as a CUDA graph "
+                "after 3 warm-up steps; off: every step launches its kernels")
     engine_trace: Literal["auto", "off"] = setting(
         "auto", "auto: the engine runs a checked TorchScript trace of the graph's forward; off: the graph as captured")
     site_config: str = setting("", "the site config YAML; empty: the first of ~/.config/csrun/site.yaml "

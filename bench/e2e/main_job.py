@@ -2,7 +2,7 @@
 
 Command (from the repository root)::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/e2e/main_job.py [--rounds 3] [--steps N]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/e2e/main_job.py [--rounds 3] [--steps N] [--gpu]
 
 Runs ``models/fc_mnist/run.py --mode train --params configs/fc_mnist.yaml`` (the README's
 main job; ``--steps`` overrides ``max_steps``, default the config's 2000) in these ways, in
@@ -17,6 +17,11 @@ alternating rounds, each into a fresh model_dir:
 - the README command again, into a model_dir where ``--compile_only`` (the same command with the
   flag; untimed) compiled it first: the legacy two-step workflow, whose training run loads the
   compile from ``cs_<hash>/`` instead of capturing the step.
+
+With ``--gpu`` (a machine with a GPU) the rows are instead: the ``--cpu`` baseline, the README
+command with ``--emulator cuda`` (the job's ``cs_emulator`` on the GPU, each step a CUDA graph
+replay: :mod:`csrun.emulator.engine.cuda_graph`) and the same with ``CSRUN_CUDA_GRAPH=off``
+(every kernel of the step launched one by one, as eager PyTorch launches them, on the same GPU).
 
 Prints one markdown table: the runner's own samples/s (``performance.json``; the emulator
 path's figure includes the compile), its ratio to the ``--cpu`` run of the same round
@@ -78,6 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=None, help="max_steps (default: the config's)")
+    ap.add_argument("--gpu", action="store_true", help="the README command on the GPU, graph on and off")
     args = ap.parse_args()
     config = yaml.safe_load((REPO / "configs" / "fc_mnist.yaml").read_text())
     if args.steps:
@@ -110,6 +116,10 @@ def main() -> int:
              {**env, "CSRUN_GC_FREEZE": "0"}),
             (PRECOMPILED, [wse, "--total-nodes", "3"] + job + ["--params", str(mixed)], env),
         ]
+        if args.gpu:
+            on_gpu = [wse, "--total-nodes", "3", "--emulator", "cuda"] + job + ["--params", str(mixed)]
+            rows = [rows[0], ("`csrun_wse --total-nodes 3 --emulator cuda` (a CUDA graph per step)", on_gpu, env),
+                    ("the same, `CSRUN_CUDA_GRAPH=off`", on_gpu, {**env, "CSRUN_CUDA_GRAPH": "off"})]
         rates: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         ratios: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         cpus: dict[str, list[float]] = {name: [] for name, _, _ in rows}

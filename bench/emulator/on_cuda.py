@@ -2,31 +2,40 @@
 
 Command (from the repository root, on a machine with a GPU)::
 
-    python bench/emulator/on_cuda.py [--device cuda] [--steps 100] [--rounds 3]
+    python bench/emulator/on_cuda.py [--device cuda] [--steps 100] [--rounds 3] [--numbers-steps 100]
 
 For each model — fc_mnist (``configs/fc_mnist.yaml``'s 10 x 50 MLP, batch 128, SGD with
 momentum), the BERT-like encoder of ``bench_emulator.py`` (vocab 4096, hidden 256, 4 layers,
 batch 32 x 128 tokens, AdamW) and the BERT debug model (``configs/bert_debug.yaml``, its first
 batch, AdamW) — it times ``--steps`` steps:
 
-- ``emulator``: an :class:`~csrun.emulator.embedded.EmbeddedDevice` on the GPU (weights and
-  optimizer state resident there, the engine on its worker thread): every step submitted, the
-  last step's loss waited for, as a training loop that reads values in step closures does;
+- ``graph``: an :class:`~csrun.emulator.embedded.EmbeddedDevice` on the GPU (weights and
+  optimizer state resident there, the engine on its worker thread), each step's forward and
+  backward replayed as a CUDA graph (:mod:`csrun.emulator.engine.cuda_graph`, the default): every
+  step submitted, the last step's loss waited for, as a training loop that reads values in step
+  closures does;
+- ``no graph``: the same with ``CSRUN_CUDA_GRAPH=off`` (every kernel launched, as before the graph);
 - ``eager``: the plain loop on the same GPU with the same optimizer (csrun's
   ``build_optimizer``, as the engine builds it): set the LR, forward, backward, step,
-  zero_grad, one synchronize at the end.
+  zero_grad, one synchronize at the end;
+- ``compile``: that loop with the model under ``torch.compile(mode="reduce-overhead")`` (its
+  forward and backward as CUDA graphs; the optimizer eager, as in ``eager``).
 
-Rounds alternate; the table gives the median ms per step and the median of the per-round ratios
-(emulator / eager). "same numbers" compares the loss of every step of a fresh 10-step float32
-run, emulator against eager, from the same initial weights, and gives the largest relative
-difference. A float16 row (``precision: float16``: autocast on CUDA, the engine's default
-there) gives its step time against float32 on the emulator.
+Rounds alternate; the table gives the median ms per step and the medians of the per-round ratios.
+"first steps" times a fresh graphed device's first steps one by one: the mean of the warm-up
+steps (run without a graph; the first one watched for ops a graph cannot hold) and the step
+that captures the graph and replays it once. "same numbers" compares the loss of every step of
+a fresh ``--numbers-steps``-step float32 run, graphed emulator against eager, from the same
+initial weights, and gives the largest relative difference (0: the same bits). A float16 row
+(``precision: float16``: autocast on CUDA, the engine's default there) gives its step time
+against float32, both graphed. ``--device cpu`` is a smoke run of this script (no graph, no compile).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import time
@@ -45,6 +54,7 @@ from half_precision import bert_debug, fc_mnist  # noqa: E402  (bench/emulator/h
 
 from csrun.compiler.spec import OptimizerSpec, ProgramSpec  # noqa: E402
 from csrun.emulator.embedded import EmbeddedDevice  # noqa: E402
+from csrun.emulator.engine import cuda_graph  # noqa: E402
 from csrun.program.optimizer_classes import build_optimizer  # noqa: E402
 
 LR = 1e-3
@@ -68,13 +78,17 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 class Eager:
-    """The plain loop on ``device`` with the optimizer the engine would build."""
+    """The plain loop on ``device`` with the optimizer the engine would build (``compiled``: the
+    model under ``torch.compile(mode="reduce-overhead")``)."""
 
-    def __init__(self, model: nn.Module, batch: Any, opt: OptimizerSpec, device: torch.device) -> None:
+    def __init__(self, model: nn.Module, batch: Any, opt: OptimizerSpec, device: torch.device,
+                 compiled: bool = False) -> None:
         self.model = copy.deepcopy(model).to(device)
         self.batch = batch  # on the CPU, as a loader gives it: each step moves it, as the emulator does
         self.opt = build_optimizer(opt.type, dict(opt.hyperparameters), list(self.model.named_parameters()), lr=LR)
         self.device = device
+        self.forward: Callable[[Any], Any] = torch.compile(self.model, mode="reduce-overhead") if compiled \
+            else self.model
 
     def losses(self, steps: int) -> list[float]:
         """Run ``steps`` steps; every step's loss (read at the end)."""
@@ -94,7 +108,9 @@ class Eager:
     def _step(self) -> torch.Tensor:
         for group in self.opt.param_groups:
             group["lr"] = LR
-        out = self.model(to_device(self.batch, self.device))
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # each call a new step for the compiled graphs
+        out = self.forward(to_device(self.batch, self.device))
         loss = out["loss"] if isinstance(out, dict) else out
         loss.backward()
         self.opt.step()
@@ -105,11 +121,29 @@ class Eager:
 class Emulated:
     """An embedded device on ``device`` with the model's program loaded."""
 
-    def __init__(self, model: nn.Module, batch: Any, opt: OptimizerSpec, device: torch.device, precision: str) -> None:
+    def __init__(self, model: nn.Module, batch: Any, opt: OptimizerSpec, device: torch.device, precision: str,
+                 graph: bool = True) -> None:
         program = torch.export.export(copy.deepcopy(model), (batch,))
         self.batch = batch
-        self.dev = EmbeddedDevice(device=str(device), notice=lambda _m: None)
-        self.dev.load(program, ProgramSpec(optimizer=opt, learning_rate=LR, precision=precision))
+        self.notices: list[str] = []
+        self.dev = EmbeddedDevice(device=str(device), notice=self.notices.append)
+        before = os.environ.get(cuda_graph.ENV)
+        os.environ[cuda_graph.ENV] = "auto" if graph else "off"  # read when the engine is built
+        try:
+            self.dev.load(program, ProgramSpec(optimizer=opt, learning_rate=LR, precision=precision))
+        finally:
+            os.environ.pop(cuda_graph.ENV) if before is None else os.environ.__setitem__(cuda_graph.ENV, before)
+        if any(n.startswith("CUDA graph") for n in self.notices) and graph:
+            print(f"  {[n for n in self.notices if n.startswith('CUDA graph')]}", file=sys.stderr)
+
+    def first_steps(self, count: int) -> list[float]:
+        """ms of each of the first ``count`` steps, each waited for."""
+        out = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            self.dev.submit(self.batch).result()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
 
     def losses(self, steps: int) -> list[float]:
         """Run ``steps`` steps; every step's loss."""
@@ -128,26 +162,41 @@ class Emulated:
         self.dev.close()
 
 
-def same_numbers(make: Make, device: torch.device) -> float:
-    """The largest relative difference of a 10-step float32 run's losses, emulator against eager."""
+def same_numbers(make: Make, device: torch.device, steps: int) -> float:
+    """The largest relative difference of a ``steps``-step float32 run's losses, graphed emulator against eager."""
     torch.manual_seed(0)
     model, batch, opt = make()
     emu = Emulated(model, batch, opt, device, "float32")
     try:
-        a = emu.losses(10)
+        a = emu.losses(steps)
     finally:
         emu.close()
-    b = Eager(model, batch, opt, device).losses(10)
+    b = Eager(model, batch, opt, device).losses(steps)
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
+def first_steps(make: Make, device: torch.device) -> tuple[float, float]:
+    """A fresh graphed device's warm-up steps (mean ms) and its capture step (ms)."""
+    torch.manual_seed(0)
+    model, batch, opt = make()
+    emu = Emulated(model, batch, opt, device, "float32")
+    try:
+        ms = emu.first_steps(cuda_graph.WARMUP_STEPS + 1)
+    finally:
+        emu.close()
+    return statistics.mean(ms[:-1]), ms[-1]
+
+
 def timings(make: Make, device: torch.device, steps: int, rounds: int) -> dict[str, list[float]]:
-    """ms per step of eager, the emulator in float32 and in float16, per round."""
+    """ms per step of each run, per round."""
     torch.manual_seed(0)
     model, batch, opt = make()
     runs: dict[str, Any] = {"eager": Eager(model, batch, opt, device),
-                            "emulator": Emulated(model, batch, opt, device, "float32"),
-                            "emulator float16": Emulated(model, batch, opt, device, "float16")}
+                            "graph": Emulated(model, batch, opt, device, "float32"),
+                            "no graph": Emulated(model, batch, opt, device, "float32", graph=False),
+                            "graph float16": Emulated(model, batch, opt, device, "float16")}
+    if device.type == "cuda":
+        runs["compile"] = Eager(model, batch, opt, device, compiled=True)
     for run in runs.values():
         run.ms(10)  # warm up: kernels chosen, caches filled
     ms: dict[str, list[float]] = {name: [] for name in runs}
@@ -165,6 +214,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda, cuda:I, or cpu for a smoke run")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--numbers-steps", type=int, default=100, help="steps of the same-numbers run")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -172,18 +222,27 @@ def main() -> int:
         return 2
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (a smoke run)"
     print(f"{where}, torch {torch.__version__}, {args.steps} steps x {args.rounds} rounds\n")
-    print("| model | eager ms/step | emulator ms/step | emulator / eager (median of rounds) | rounds "
-          "| float16 / float32 on the emulator | same numbers: largest relative loss difference, 10 steps |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | eager ms/step | compile ms/step | no graph ms/step | graph ms/step | graph / eager "
+          "(median of rounds) | rounds | graph / compile | no graph / eager | float16 / float32 (graph) "
+          "| first steps: warm-up ms/step, capture ms | same numbers: largest relative loss difference |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def median(values: list[float]) -> str:
+        return f"{statistics.median(values):.3f}" if values else "-"
+
     for name, make in (("fc_mnist", fc_mnist), ("BERT-like encoder (bench_emulator)", tiny_bert),
                        ("BERT debug", bert_debug)):
         ms = timings(make, device, args.steps, args.rounds)
-        ratios = [e / g for e, g in zip(ms["emulator"], ms["eager"])]
-        half = [h / f for h, f in zip(ms["emulator float16"], ms["emulator"])]
-        diff = same_numbers(make, device)
-        print(f"| {name} | {statistics.median(ms['eager']):.3f} | {statistics.median(ms['emulator']):.3f} | "
-              f"{statistics.median(ratios):.2f} | {', '.join(f'{r:.2f}' for r in ratios)} | "
-              f"{statistics.median(half):.2f} | {diff:.1e} |", flush=True)
+        ratios = [e / g for e, g in zip(ms["graph"], ms["eager"])]
+        vs_compile = [e / c for e, c in zip(ms["graph"], ms.get("compile", []))]
+        plain = [e / g for e, g in zip(ms["no graph"], ms["eager"])]
+        half = [h / f for h, f in zip(ms["graph float16"], ms["graph"])]
+        warm, capture = first_steps(make, device)
+        diff = same_numbers(make, device, args.numbers_steps)
+        print(f"| {name} | {median(ms['eager'])} | {median(ms.get('compile', []))} | {median(ms['no graph'])} | "
+              f"{median(ms['graph'])} | {statistics.median(ratios):.2f} | {', '.join(f'{r:.2f}' for r in ratios)} | "
+              f"{median(vs_compile)} | {statistics.median(plain):.2f} | {statistics.median(half):.2f} | "
+              f"{warm:.1f}, {capture:.1f} | {diff:.1e} |", flush=True)
     return 0
 
 

@@ -90,6 +90,10 @@ Environment:
     How programs in float16 / bfloat16 compute: ``rounding`` (the default on CPU: float32
     kernels with the values rounded where a 16-bit datapath rounds, see
     :mod:`csrun.emulator.engine.half_emulation`) or ``autocast`` (16-bit kernels; the default on CUDA).
+``CSRUN_CUDA_GRAPH``
+    ``auto`` (the default: on a CUDA device each step's forward and backward replay as a CUDA
+    graph after 3 warm-up steps, the same numbers bit for bit, see
+    :mod:`csrun.emulator.engine.cuda_graph`) or ``off`` (every kernel launched one by one).
 ``CSRUN_ENGINE_TRACE``
     ``auto`` (the default: on a CPU, the program's forward runs as a checked TorchScript trace
     of the captured graph, the same numbers bit for bit, see

@@ -91,7 +91,9 @@ into micro batches (:func:`csrun.run.cli_args.check_system_rules`). Environment 
 (and what :mod:`csrun.torch` and :mod:`csrun.cluster` read; the embedded emulator reads
 ``CSRUN_HALF_EMULATION``: ``rounding``, the CPU default, or ``autocast``, see
 :mod:`csrun.emulator.engine.half_emulation`, and ``CSRUN_ENGINE_TRACE``: ``auto``, a checked trace of
-the graph on a CPU, or ``off``, see :mod:`csrun.emulator.engine.traced_forward`; a remote one ``CSRUN_CONNECT_TIMEOUT``, seconds to keep
+the graph on a CPU, or ``off``, see :mod:`csrun.emulator.engine.traced_forward`, and
+``CSRUN_CUDA_GRAPH``: ``auto``, a CUDA graph per step on a GPU, or ``off``, see
+:mod:`csrun.emulator.engine.cuda_graph`; a remote one ``CSRUN_CONNECT_TIMEOUT``, seconds to keep
 trying to reach ``cs_ip``, default 10, checked before the compile), ``CSRUN_PROGRESS``
 (``auto``: a progress bar only on a real terminal, never into a Slurm job log; ``bar``;
 ``lines``: see :mod:`csrun.run.progress`).

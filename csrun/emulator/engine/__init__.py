@@ -12,7 +12,9 @@
   the update; :mod:`~csrun.emulator.engine.lean_step`: the update without ``torch.optim``'s
   per-step wrappers where that changes nothing;
 - :mod:`~csrun.emulator.engine.update_split`: a program cut at the update, for the values a
-  step computes after ``optimizer.step()``.
+  step computes after ``optimizer.step()``;
+- :mod:`~csrun.emulator.engine.cuda_graph`: on a CUDA device, the step's forward and backward
+  captured once and replayed as a CUDA graph.
 
 Nothing here knows about sockets or the user API; the device API (:mod:`csrun.emulator`) runs it.
 """

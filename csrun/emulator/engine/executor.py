@@ -7,7 +7,8 @@ unscale/overflow check, clipping, the optimizer update with the learning rate th
 for the global step (torch's update arithmetic, without ``torch.optim``'s per-step wrappers where
 :mod:`~csrun.emulator.engine.lean_step` applies: for one-group SGD with a static loss scale and no
 clipping, everything after the backward is one TorchScript call that runs without the GIL), and
-the loss-scale update. All state lives on the engine's device.
+the loss-scale update. All state lives on the engine's device. On a CUDA device each step's
+forward and backward replay as a CUDA graph (:mod:`~csrun.emulator.engine.cuda_graph`).
 
 The program's forward returns the loss, or a tuple/list whose first item is the loss, or a
 mapping with a ``"loss"`` key; other items come back as extra outputs (``output_<i>`` for
@@ -24,7 +25,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from csrun.emulator.engine import half_emulation, loss_scaling, precision, traced_forward, update_split
+from csrun.emulator.engine import cuda_graph, half_emulation, loss_scaling, precision, traced_forward, update_split
 from csrun.program.errors import SpecError
 from csrun.emulator.engine.lean_step import ScriptedUpdate, lean_step, scripted_update
 from csrun.program.step_plan import FULL_STEP, StepPlan
@@ -210,10 +211,13 @@ class Engine:
         device: str | torch.device = "cpu",
         *,
         notice: Callable[[str], None] | None = None,
+        step_graph: bool | None = None,
     ) -> None:
         """Place the program's weights on ``device`` and build optimizer, schedule and scaler.
 
-        Raises :class:`SpecError` for spec values the emulator cannot run.
+        ``step_graph``: run the steps through a :class:`~csrun.emulator.engine.cuda_graph.StepGraph`
+        (None: on a CUDA device unless ``CSRUN_CUDA_GRAPH=off``; True on a CPU: its body without a
+        graph, as the tests compare it). Raises :class:`SpecError` for spec values the emulator cannot run.
         """
         self.notice = notice or (lambda msg: log.warning("%s", msg))
         self.device = parse_device(device)
@@ -302,8 +306,77 @@ class Engine:
             optimizers.preinitialize_state(self.optimizer)
             self._lean_step = lean_step(self.optimizer)
             self._scripted_update = scripted_update(self.optimizer, self.params, self.half_weights)
+        self._graph_scale = torch.ones((), dtype=torch.float32, device=self.device)
+        """The loss scale as the graph reads it (set before a step when the scaler's changed)."""
+        self._graph_scale_value = 1.0
+        self._graph_scaled = self.scaler is not None and (self.scaler.dynamic or self.scaler.scale != 1.0)
+        self.step_graph = self._make_step_graph(step_graph)
         # train/eval behaviour (dropout, batch norm) is fixed in the captured graph; the
         # unlifted module refuses .train()/.eval(), so nothing is switched here.
+
+    def _make_step_graph(self, wanted: bool | None) -> cuda_graph.StepGraph | None:
+        """The steps' graph, or None (no CUDA device, switched off, or a program it cannot hold: one notice)."""
+        if wanted is False or (wanted is None and (self.device.type != "cuda" or cuda_graph.graph_mode() == "off")):
+            return None
+        if self._split is not None:
+            self.notice("CUDA graph: the step runs without a graph: it runs the model again after optimizer.step(), "
+                        "on the updated weights")
+            return None
+        return cuda_graph.StepGraph(self._graph_body, self.device, self.notice, reset=self._clear_gradients)
+
+    def _grad_holders(self) -> list[torch.Tensor]:
+        """The tensors the backward leaves gradients on: the trainable weights, and with 16-bit
+        emulation the leaves their rounded copies are read through."""
+        leaves = self.half_weights.leaves if self.half_weights is not None else []
+        return [*self.params, *leaves]
+
+    def _graph_body(self, inputs: Any) -> tuple[dict[str, Any], list[torch.Tensor | None]]:
+        """What a step's graph holds (:mod:`~csrun.emulator.engine.cuda_graph`): the forward and, in
+        training, the loss scaling and the backward — the kernels :meth:`run_step` launches for
+        them without a graph. Returns the outputs and the gradients of :meth:`_grad_holders`."""
+        with self._forward_context(), _NO_CHANGE if self.training else torch.no_grad():
+            loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
+        loss = loss.float()
+        out = {"loss": loss.detach(), **{k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in extra.items()}}
+        del extra
+        if not self.training:
+            return out, []
+        root = loss * self._graph_scale if self._graph_scaled else loss
+        _backward(root, self._unit)
+        del loss, root
+        return out, [t.grad for t in self._grad_holders()]
+
+    def _graphed_step(self, batch: Any, plan: StepPlan) -> dict[str, torch.Tensor]:
+        """:meth:`run_step` through the step's graph: its body replayed, then the update as without it."""
+        graph = self.step_graph
+        assert graph is not None  # noqa: S101 - run_step's choice
+        leaves, tree = self._checked_leaves(batch)
+        if not self.training:
+            return graph.run(leaves, tree)[0]
+        assert self.scaler is not None  # noqa: S101 - a train engine has one
+        rates, scale = self._rates(self._step), self.scaler.scale
+        if self._graph_scaled and self._graph_scale_value != scale:
+            self._graph_scale.fill_(scale)
+            self._graph_scale_value = scale
+        values, grads = graph.run(leaves, tree)
+        for holder, grad in zip(self._grad_holders(), grads):
+            holder.grad = grad
+        out = {"loss": values.pop("loss"), **self._step_values(rates, scale, plan), **values}
+        self._update(out, plan, rates)
+        return out
+
+    def _scale(self) -> float:
+        """The loss scale of the next backward."""
+        return self.scaler.scale if self.scaler is not None else 1.0
+
+    def _step_values(self, rates: float | list[float], scale: float, plan: StepPlan) -> dict[str, torch.Tensor]:
+        """A training step's ``lr`` and ``loss_scale`` (the values it used) and ``global_step`` (after it)."""
+        return {
+            "lr": torch.full((), rates[0] if isinstance(rates, list) else rates, dtype=torch.float32,
+                             device=self.device),
+            "loss_scale": torch.full((), scale, dtype=torch.float32, device=self.device),
+            "global_step": self.global_step + 1 if plan.update else self.global_step.clone(),
+        }
 
     def _rates(self, step: int) -> float | list[float]:
         """The learning rate of ``step``: one for every group, or one per group."""
@@ -336,10 +409,13 @@ class Engine:
         return self._forward
 
     def _forward_context(self) -> Any:
-        """autocast for 16-bit compute on 16-bit kernels; nothing when the graph rounds itself."""
+        """autocast for 16-bit compute on 16-bit kernels; nothing when the graph rounds itself. With a
+        step graph autocast casts a weight at each read, graphed step or not (a capture asks for
+        it): a weight two 16-bit ops read then sums its two gradients in float32, where autocast's
+        cache would sum them in 16 bits (:func:`~csrun.emulator.engine.precision.forward_context`)."""
         if self.half_weights is not None:
             self.half_weights.refresh()
-        return precision.forward_context(self._kernel_precision, self.device)
+        return precision.forward_context(self._kernel_precision, self.device, cache=self.step_graph is None)
 
     @property
     def step(self) -> int:
@@ -347,6 +423,14 @@ class Engine:
         return self._step
 
     def _to_device(self, batch: Any) -> Any:
+        """The batch checked against the program's inputs (:meth:`_checked_leaves`), on the device."""
+        leaves, tree = self._checked_leaves(batch)
+        return pytree.tree_unflatten([t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+                                      for t in leaves], tree)
+
+    def _checked_leaves(self, batch: Any) -> tuple[list[Any], Any]:
+        """The batch's leaves and structure, checked against the program's inputs (structure,
+        static shapes) and cast to the captured dtypes; where they were."""
         leaves, tree = pytree.tree_flatten(batch)
         specs = self._inputs
         if specs and tree != self._tree:
@@ -367,8 +451,8 @@ class Engine:
                 want = getattr(torch, ts.dtype, None)
                 if isinstance(want, torch.dtype) and leaf.dtype != want:
                     leaf = leaf.to(want)  # e.g. int32 on the wire -> int64 as captured
-            out.append(leaf.to(self.device, non_blocking=True))
-        return pytree.tree_unflatten(out, tree)
+            out.append(leaf)
+        return out, tree
 
     def _check_structure(self, batch: Any) -> None:
         """The batch's leaves must be the captured ones, by path (a dict's keys, a tuple's length)."""
@@ -394,6 +478,9 @@ class Engine:
         waits for the values need not wait for the update too (unless an output comes after the
         update: the gradient norm of clipping, or values of the program's second part).
         """
+        if self.step_graph is not None and (not self.training or (
+                plan.backward and not self._holding_grads and (self._graph_scaled or self._scale() == 1.0))):
+            return self._graphed_step(batch, plan)
         inputs = self._to_device(batch)
         if not self.training:
             with torch.no_grad(), self._forward_context():
@@ -413,15 +500,9 @@ class Engine:
                 first, carried = self._split.run_before(inputs)
                 loss, extra = _split_outputs(first)
         loss = loss.float()
-        out: dict[str, Any] = {
-            "loss": loss.detach(),
-            "lr": torch.full((), rates[0] if isinstance(rates, list) else rates, dtype=torch.float32,
-                             device=self.device),
-            "loss_scale": torch.full((), scale, dtype=torch.float32, device=self.device),
-            "global_step": self.global_step + 1 if plan.update else self.global_step.clone(),
-        }
-        for k, v in extra.items():  # copied when handed out early: an extra may alias a weight the update changes
-            out[k] = (v.detach().clone() if publish is not None else v.detach()) if isinstance(v, torch.Tensor) else v
+        out: dict[str, Any] = {"loss": loss.detach(), **self._step_values(rates, scale, plan)}
+        for k, v in extra.items():  # copied: an extra may alias a weight the update changes (as the graph's are)
+            out[k] = v.detach().clone() if isinstance(v, torch.Tensor) else v
         del extra
         if plan.backward:
             if publish is not None and self._split is None and self._clipping(plan)[0] is None:
@@ -531,11 +612,7 @@ class Engine:
             grad = flat[offset:offset + n].view_as(p)  # a view where it can be: MemoryX holds no second copy
             p.grad = (grad if grad.device == p.device and grad.dtype == p.dtype else grad.to(p)) if reached else None
             offset += n
-        out: dict[str, Any] = {
-            "lr": torch.full((), rates[0] if isinstance(rates, list) else rates, dtype=torch.float32, device=self.device),
-            "loss_scale": torch.full((), self.scaler.scale, dtype=torch.float32, device=self.device),
-            "global_step": self.global_step + 1,
-        }
+        out: dict[str, Any] = self._step_values(rates, self.scaler.scale, FULL_STEP)
         self._update(out, plan, rates, scripted=self.half_weights is None)  # the scripted update reads 16-bit leaves
         return out
 

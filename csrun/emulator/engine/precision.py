@@ -138,7 +138,10 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(precision)
 
 
-def forward_context(precision: str, device: torch.device) -> ContextManager[Any]:
-    """The context the forward runs in: autocast for float16/bfloat16, nothing otherwise."""
+def forward_context(precision: str, device: torch.device, *, cache: bool = True) -> ContextManager[Any]:
+    """The context the forward runs in: autocast for float16/bfloat16, nothing otherwise.
+    ``cache=False``: autocast casts a weight each time it is read (a CUDA graph's capture asks for
+    it; the values are the same)."""
     dtype = autocast_dtype(precision)
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype,
+                                                                         cache_enabled=cache)
