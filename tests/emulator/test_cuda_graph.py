@@ -153,6 +153,25 @@ def test_the_check_names_host_reads_data_dependent_shapes_and_other_devices() ->
     assert reason is None and torch.equal(got, torch.sin(y) if y.sum() > 0 else torch.cos(y))
 
 
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: fc_mnist(1), id="fc_mnist"),
+    pytest.param(lambda: debug_model("bert", 1), id="bert_debug"),
+    pytest.param(lambda: debug_model("gpt2", 1), id="gpt2_debug"),
+])
+def test_the_reference_models_steps_hold_nothing_a_graph_cannot(make: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check a GPU runs at the first step, run here on the body as a GPU runs it (the graph,
+    not the CPU's trace): a model change that reads a value back would make its GPU runs fall back."""
+    monkeypatch.setenv("CSRUN_ENGINE_TRACE", "off")
+    model, batches, opt = make()
+    ep, spec = make_program(model, batches[0], optimizer=opt, learning_rate=SCHEDULE, max_gradient_norm=1.0)
+    engine = Engine(ep, spec, notice=quiet, step_graph=True)
+    leaves, tree = engine._checked_leaves(batches[0])
+    (out, grads), reason = graph_blocker(lambda: engine._graph_body(pytree.tree_unflatten(leaves, tree)),
+                                         torch.device("cpu"))
+    assert reason is None
+    assert out["loss"].isfinite() and len(grads) == len(engine.params) and all(g is not None for g in grads)
+
+
 def test_the_switch_and_a_cpu_step_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cuda_graph.ENV, raising=False)
     assert cuda_graph.graph_mode() == "auto"
@@ -192,16 +211,18 @@ def test_dynamic_scaling_skips_the_same_steps_and_16_bit_emulation() -> None:
     for i in (3, 4, 9):  # overflows: the update is skipped, the scale halves
         x, y = batches[i]
         batches[i] = (x.clone().index_fill_(1, torch.tensor([0]), float("inf")), y)
+    dynamic = LossScalingSpec(factor="dynamic", initial_loss_scale=2.0**10, steps_per_increase=2)
     for precision in ("float32", "float16"):
-        graphed, plain = pair(MLP(), batches, OptimizerSpec(type="adamw"), precision=precision,
-                              loss_scaling=LossScalingSpec(factor="dynamic", initial_loss_scale=2.0**10,
-                                                           steps_per_increase=2))
+        graphed, plain = pair(MLP(), batches, OptimizerSpec(type="adamw"), precision=precision, loss_scaling=dynamic)
         if precision == "float16":
             assert graphed.half_weights is not None  # the CPU's rounding emulation: its leaves hold the gradients
         a, b = run_both(graphed, plain, batches)
         assert_same_bits(graphed, plain, a, b)
         assert graphed.scaler is not None and graphed.scaler.state.overflows == 3
         assert [s["loss_scale"].item() for s in a][:6] == [2.0**10, 2.0**10, 2.0**11, 2.0**11, 2.0**10, 2.0**9]
+    # a static scale float32 cannot hold: the graph's device tensor is the plain step's Python scalar
+    graphed, plain = pair(MLP(), batches[:3], OptimizerSpec(type="sgd"), loss_scaling=LossScalingSpec(factor=1000.3))
+    assert_same_bits(graphed, plain, *run_both(graphed, plain, batches[:3]))
 
 
 def test_accumulation_and_forward_only_steps_take_the_plain_path_where_they_must() -> None:

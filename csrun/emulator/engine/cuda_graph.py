@@ -63,8 +63,10 @@ ENV = env_name("cuda_graph")
 WARMUP_STEPS = 3
 """Steps run without a graph before the capture (torch's ``make_graphed_callables`` default)."""
 
-Body = Callable[[Any], tuple[dict[str, Any], list[torch.Tensor | None]]]
-"""A step's body: its device inputs -> (the outputs handed out, the state it writes: the gradients)."""
+Outputs = tuple[dict[str, Any], list[torch.Tensor | None]]
+"""What a step's body gives: the outputs handed out, and the state it writes (the gradients)."""
+Body = Callable[[Any], Outputs]
+"""A step's body: its device inputs -> :data:`Outputs`."""
 
 
 def graph_mode() -> str:
@@ -182,9 +184,6 @@ class _InputStage:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
         self._copied[turn] = event
-
-
-Outputs = tuple[dict[str, Any], list[torch.Tensor | None]]
 
 
 class StepGraph:
