@@ -3,6 +3,7 @@
 Command (from the repository root, on a machine with a GPU)::
 
     python bench/emulator/on_cuda.py [--device cuda] [--steps 100] [--rounds 3] [--numbers-steps 100]
+                                     [--models fc_mnist,bert_like,bert_debug] [--no-compile]
 
 For each model — fc_mnist (``configs/fc_mnist.yaml``'s 10 x 50 MLP, batch 128, SGD with
 momentum), the BERT-like encoder of ``bench_emulator.py`` (vocab 4096, hidden 256, 4 layers,
@@ -66,6 +67,14 @@ def tiny_bert() -> tuple[nn.Module, Any, OptimizerSpec]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 4096, (32, 128), generator=g)
     return TinyBert(), {"input_ids": ids, "labels": ids.roll(1, dims=1)}, OptimizerSpec(type="adamw")
+
+
+MODELS: dict[str, tuple[str, Make]] = {
+    "fc_mnist": ("fc_mnist", fc_mnist),
+    "bert_like": ("BERT-like encoder (bench_emulator)", tiny_bert),
+    "bert_debug": ("BERT debug", bert_debug),
+}
+"""The models, by the name ``--models`` takes: (the table's name, what makes it)."""
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -187,15 +196,15 @@ def first_steps(make: Make, device: torch.device) -> tuple[float, float]:
     return statistics.mean(ms[:-1]), ms[-1]
 
 
-def timings(make: Make, device: torch.device, steps: int, rounds: int) -> dict[str, list[float]]:
-    """ms per step of each run, per round."""
+def timings(make: Make, device: torch.device, steps: int, rounds: int, compiled: bool) -> dict[str, list[float]]:
+    """ms per step of each run, per round (``compiled``: with the ``torch.compile`` run, on a GPU)."""
     torch.manual_seed(0)
     model, batch, opt = make()
     runs: dict[str, Any] = {"eager": Eager(model, batch, opt, device),
                             "graph": Emulated(model, batch, opt, device, "float32"),
                             "no graph": Emulated(model, batch, opt, device, "float32", graph=False),
                             "graph float16": Emulated(model, batch, opt, device, "float16")}
-    if device.type == "cuda":
+    if device.type == "cuda" and compiled:
         runs["compile"] = Eager(model, batch, opt, device, compiled=True)
     for run in runs.values():
         run.ms(10)  # warm up: kernels chosen, caches filled
@@ -215,7 +224,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--numbers-steps", type=int, default=100, help="steps of the same-numbers run")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"a comma-separated choice of {', '.join(MODELS)}")
+    ap.add_argument("--no-compile", action="store_true", help="leave the torch.compile column out (its compile "
+                                                              "takes a minute or more per model)")
     args = ap.parse_args()
+    chosen = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in MODELS]
+    if unknown or not chosen:
+        print(f"bench/emulator/on_cuda.py: --models {args.models!r}: choose from {', '.join(MODELS)}", file=sys.stderr)
+        return 2
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench/emulator/on_cuda.py: no CUDA device visible", file=sys.stderr)
@@ -230,9 +247,9 @@ def main() -> int:
     def median(values: list[float]) -> str:
         return f"{statistics.median(values):.3f}" if values else "-"
 
-    for name, make in (("fc_mnist", fc_mnist), ("BERT-like encoder (bench_emulator)", tiny_bert),
-                       ("BERT debug", bert_debug)):
-        ms = timings(make, device, args.steps, args.rounds)
+    for key in chosen:
+        name, make = MODELS[key]
+        ms = timings(make, device, args.steps, args.rounds, compiled=not args.no_compile)
         ratios = [e / g for e, g in zip(ms["graph"], ms["eager"])]
         vs_compile = [e / c for e, c in zip(ms["graph"], ms.get("compile", []))]
         plain = [e / g for e, g in zip(ms["no graph"], ms["eager"])]
