@@ -18,10 +18,12 @@ alternating rounds, each into a fresh model_dir:
   flag; untimed) compiled it first: the legacy two-step workflow, whose training run loads the
   compile from ``cs_<hash>/`` instead of capturing the step.
 
-With ``--gpu`` (a machine with a GPU) the rows are instead: the ``--cpu`` baseline, the README
-command with ``--emulator cuda`` (the job's ``cs_emulator`` on the GPU, each step a CUDA graph
-replay: :mod:`csrun.emulator.engine.cuda_graph`) and the same with ``CSRUN_CUDA_GRAPH=off``
-(every kernel of the step launched one by one, as eager PyTorch launches them, on the same GPU).
+With ``--gpu`` (a machine with a GPU) the rows are instead: the baseline, the same config
+trained by a plain eager PyTorch loop on the GPU (``bench/e2e/eager_on_gpu.py``: the model, the
+loader and SGD of the config, float16 autocast); the README command with ``--emulator cuda`` (the
+job's ``cs_emulator`` on the GPU, each step a CUDA graph replay:
+:mod:`csrun.emulator.engine.cuda_graph`); the same with ``CSRUN_CUDA_GRAPH=off`` (every kernel
+of the step launched one by one); and the ``--cpu`` path. The ratios are to the first row.
 
 Prints one markdown table: the runner's own samples/s (``performance.json``; the emulator
 path's figure includes the compile), its ratio to the ``--cpu`` run of the same round
@@ -118,8 +120,10 @@ def main() -> int:
         ]
         if args.gpu:
             on_gpu = [wse, "--total-nodes", "3", "--emulator", "cuda"] + job + ["--params", str(mixed)]
-            rows = [rows[0], ("`csrun_wse --total-nodes 3 --emulator cuda` (a CUDA graph per step)", on_gpu, env),
-                    ("the same, `CSRUN_CUDA_GRAPH=off`", on_gpu, {**env, "CSRUN_CUDA_GRAPH": "off"})]
+            eager = [str(BIN / "python"), str(REPO / "bench" / "e2e" / "eager_on_gpu.py"), "--params", str(mixed)]
+            rows = [("eager PyTorch on the GPU (the same config, one process)", eager, env),
+                    ("`csrun_wse --total-nodes 3 --emulator cuda` (a CUDA graph per step)", on_gpu, env),
+                    ("the same, `CSRUN_CUDA_GRAPH=off`", on_gpu, {**env, "CSRUN_CUDA_GRAPH": "off"}), rows[0]]
         rates: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         ratios: dict[str, list[float]] = {name: [] for name, _, _ in rows}
         cpus: dict[str, list[float]] = {name: [] for name, _, _ in rows}
@@ -140,7 +144,8 @@ def main() -> int:
     steps = config["runconfig"]["max_steps"]
     print(f"\nfc_mnist, configs/fc_mnist.yaml, {steps} steps of batch 128, {args.rounds} rounds "
           f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, {os.cpu_count()} cores)\n")
-    print("| run | samples/s (median) | / `--cpu` (median of rounds) | rounds | / `--cpu` without compile + load "
+    baseline = "eager on the GPU" if args.gpu else "`--cpu`"
+    print(f"| run | samples/s (median) | / {baseline} (median of rounds) | rounds | / {baseline} without compile + load "
           "| CPU s / wall s | whole job, wall s |")
     print("|---|---|---|---|---|---|---|")
     for name, _, _ in rows:

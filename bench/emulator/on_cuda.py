@@ -141,7 +141,10 @@ class Emulated:
         try:
             self.dev.load(program, ProgramSpec(optimizer=opt, learning_rate=LR, precision=precision))
         finally:
-            os.environ.pop(cuda_graph.ENV) if before is None else os.environ.__setitem__(cuda_graph.ENV, before)
+            if before is None:
+                os.environ.pop(cuda_graph.ENV)
+            else:
+                os.environ[cuda_graph.ENV] = before
         if any(n.startswith("CUDA graph") for n in self.notices) and graph:
             print(f"  {[n for n in self.notices if n.startswith('CUDA graph')]}", file=sys.stderr)
 
@@ -258,7 +261,7 @@ def main() -> int:
         diff = same_numbers(make, device, args.numbers_steps)
         print(f"| {name} | {median(ms['eager'])} | {median(ms.get('compile', []))} | {median(ms['no graph'])} | "
               f"{median(ms['graph'])} | {statistics.median(ratios):.2f} | {', '.join(f'{r:.2f}' for r in ratios)} | "
-              f"{median(vs_compile)} | {statistics.median(plain):.2f} | {statistics.median(half):.2f} | "
+              f"{f'{statistics.median(vs_compile):.2f}' if vs_compile else '-'} | {statistics.median(plain):.2f} | {statistics.median(half):.2f} | "
               f"{warm:.1f}, {capture:.1f} | {diff:.1e} |", flush=True)
     return 0
 

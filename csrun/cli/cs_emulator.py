@@ -92,8 +92,9 @@ Environment:
     :mod:`csrun.emulator.engine.half_emulation`) or ``autocast`` (16-bit kernels; the default on CUDA).
 ``CSRUN_CUDA_GRAPH``
     ``auto`` (the default: on a CUDA device each step's forward and backward replay as a CUDA
-    graph after 3 warm-up steps, the same numbers bit for bit, see
-    :mod:`csrun.emulator.engine.cuda_graph`) or ``off`` (every kernel launched one by one).
+    graph after 3 warm-up steps; float32 gives the same bits as without it, float16/bfloat16
+    autocast may differ in the last bits, see :mod:`csrun.emulator.engine.cuda_graph`) or ``off``
+    (every kernel launched one by one).
 ``CSRUN_ENGINE_TRACE``
     ``auto`` (the default: on a CPU, the program's forward runs as a checked TorchScript trace
     of the captured graph, the same numbers bit for bit, see

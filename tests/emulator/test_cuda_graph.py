@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import pytest
 import torch
@@ -160,7 +160,8 @@ def test_the_check_names_host_reads_data_dependent_shapes_and_other_devices() ->
 ])
 def test_the_reference_models_steps_hold_nothing_a_graph_cannot(make: Model, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check a GPU runs at the first step, run here on the body as a GPU runs it (the graph,
-    not the CPU's trace): a model change that reads a value back would make its GPU runs fall back."""
+    not the CPU's trace): a model change that reads a value back would make its GPU runs fall back.
+    (Its rule for a tensor on another device cannot fire here, where every tensor is on the CPU.)"""
     monkeypatch.setenv("CSRUN_ENGINE_TRACE", "off")
     model, batches, opt = make()
     ep, spec = make_program(model, batches[0], optimizer=opt, learning_rate=SCHEDULE, max_gradient_norm=1.0)
@@ -188,6 +189,53 @@ def test_the_switch_and_a_cpu_step_graph(monkeypatch: pytest.MonkeyPatch) -> Non
     out, state = graph.run([torch.ones(3)], pytree.tree_flatten(torch.ones(3))[1])
     assert graph.off == "no CUDA device" and not graph.captured and graph.replays == 0
     assert out["loss"].item() == 3.0 and state == []
+
+
+class Phases(StepGraph):
+    """A step graph that records which phase each step ran instead of running it (the order of
+    the phases is :meth:`StepGraph._run`'s; what each phase does needs a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda inputs: ({}, []), torch.device("cpu"), quiet, reset=lambda: None)
+        self.off = None  # as on a GPU
+        self.seen: list[str] = []
+
+    def _warm(self, leaves: list[Any], tree: Any, *, check: bool) -> cuda_graph.Outputs:
+        self.seen.append("warm+check" if check else "warm")
+        return {}, []
+
+    def _capture(self, leaves: list[Any], tree: Any) -> cuda_graph.Outputs:
+        self.seen.append("capture")
+        self._graph = cast(Any, object())  # stands for the captured graph: never replayed here
+        self._signature = cuda_graph._signature(leaves, tree)
+        return {}, []
+
+    def _replay(self, leaves: list[torch.Tensor], *, filled: bool = False) -> cuda_graph.Outputs:
+        self.seen.append("replay")
+        return {}, []
+
+    def _eager(self, leaves: list[Any], tree: Any) -> cuda_graph.Outputs:
+        self.seen.append("eager")
+        return {}, []
+
+
+def test_a_step_graph_warms_up_three_steps_checks_the_first_captures_the_fourth_then_replays() -> None:
+    notices: list[str] = []
+    graph = Phases()
+    graph.notice = notices.append
+    batch, other = torch.ones(2, 3), torch.ones(4, 3)
+    tree = pytree.tree_flatten(batch)[1]
+    for leaf in (batch,) * 6 + (other, other, batch):
+        graph.steps += 1
+        graph._run([leaf], tree)
+    assert graph.seen == ["warm+check", "warm", "warm", "capture", "replay", "replay", "eager", "eager", "replay"]
+    assert notices == ["CUDA graph: a batch's shapes or dtypes differ from the captured ones; such steps run "
+                       "without the graph"]  # once
+    graph.steps += 1
+    graph._run([batch, 7], pytree.tree_flatten((batch, 7))[1])
+    assert graph.seen[-1] == "eager" and graph.off is not None and not graph.captured
+    assert notices[-1] == ("CUDA graph: the step runs without a graph: the batch's item 1 is a int, not a tensor: "
+                           "a graph would keep its first value")
 
 
 # -- the graph's step is the step without it, bit for bit ---------------------------------------
@@ -235,6 +283,33 @@ def test_accumulation_and_forward_only_steps_take_the_plain_path_where_they_must
     assert_same_bits(graphed, plain, a, b)
     assert graphed.step_graph is not None
     assert graphed.step_graph.steps == 4  # the first of each accumulation, and the two clipped steps
+
+
+class WeightOut(nn.Module):
+    """Returns its weight beside the loss: an output that aliases what the update changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.lin(x).pow(2).mean(), self.lin.weight
+
+
+def test_outputs_are_the_steps_values_a_moved_scale_and_early_handing_out() -> None:
+    batches = [torch.randn(8, 4) for _ in range(4)]
+    graphed, plain = pair(WeightOut(), batches, OptimizerSpec(type="sgd"))
+    a, b = run_both(graphed, plain, batches)
+    assert_same_bits(graphed, plain, a, b)  # output_1 is the weight before each step's update, on both paths
+    assert not torch.equal(a[0]["output_1"], a[1]["output_1"])
+    for engine in (graphed, plain):  # a static scale of 1 that a cluster's MemoryX moves (set_loss_scale)
+        engine.set_loss_scale(8.0)
+    a, b = run_both(graphed, plain, batches)
+    assert_same_bits(graphed, plain, a, b)
+    assert graphed.step_graph is not None and graphed.step_graph.steps == 8  # still through the graph
+    handed: list[dict[str, torch.Tensor]] = []
+    out = graphed.run_step(batches[0], publish=handed.append)
+    assert len(handed) == 1 and handed[0] is out
 
 
 def test_eval_steps_through_the_graph() -> None:
@@ -291,6 +366,8 @@ def test_cuda_dynamic_scaling_and_mixed_precision() -> None:
     graphed, plain = pair(MLP(), batches, OptimizerSpec(type="adamw"), "cuda",
                           loss_scaling=LossScalingSpec(factor="dynamic", initial_loss_scale=2.0**10, steps_per_increase=2))
     a, b = run_both(graphed, plain, batches)
+    assert graphed.step_graph is not None and graphed.step_graph.captured
+    assert graphed.step_graph.replays == len(batches) - cuda_graph.WARMUP_STEPS
     assert_same_bits(graphed, plain, a, b)
     assert graphed.scaler is not None and graphed.scaler.state.overflows == 3
     graphed, plain = pair(MLP(), batches[:10], OptimizerSpec(type="sgd"), "cuda", precision="float16")
@@ -324,3 +401,27 @@ def test_cuda_a_program_the_graph_cannot_hold_runs_without_it_after_one_notice()
     said = [n for n in notices if n.startswith("CUDA graph")]
     assert said == ["CUDA graph: the step runs without a graph: aten.index makes a tensor whose shape depends on the data"]
     assert graphed.step_graph is not None and not graphed.step_graph.captured
+
+
+@CUDA
+def test_cuda_accumulation_clipping_a_checkpoint_load_and_eval_replays() -> None:
+    """Replays beside plain steps that add into the graph's own gradient buffers, clipped updates,
+    a state loaded into the engine after the capture (weights, optimizer, scale), eval replays."""
+    batches = mlp_batches(24)
+    hold, more, update = StepPlan(update=False), StepPlan(update=False, clear_grads=False), StepPlan(clear_grads=False)
+    plans = [StepPlan(max_gradient_norm=0.5)] * 6 + [hold, more, update] * 4 + [StepPlan()] * 6
+    graphed, plain = pair(MLP(), batches, OptimizerSpec(type="adamw"), "cuda",
+                          loss_scaling=LossScalingSpec(factor="dynamic", initial_loss_scale=2.0**10))
+    a, b = run_both(graphed, plain, batches[:12], plans[:12])
+    saved = plain.state_dict()
+    for engine in (graphed, plain):
+        engine.load_state_dict(saved)
+    c, d = run_both(graphed, plain, batches[12:], plans[12:])
+    assert_same_bits(graphed, plain, a + c, b + d)
+    assert graphed.step_graph is not None and graphed.step_graph.captured and graphed.step_graph.replays > 10
+    ep, spec = make_program(MLP(), batches[0], mode="eval")
+    evaluating = Engine(ep, spec, "cuda", notice=quiet)
+    reference = Engine(ep, spec, "cuda", notice=quiet, step_graph=False)
+    for batch in batches[:8]:
+        assert torch.equal(evaluating.run_step(batch)["loss"].cpu(), reference.run_step(batch)["loss"].cpu())
+    assert evaluating.step_graph is not None and evaluating.step_graph.replays == 8 - cuda_graph.WARMUP_STEPS

@@ -14,7 +14,8 @@
 - :mod:`~csrun.emulator.engine.update_split`: a program cut at the update, for the values a
   step computes after ``optimizer.step()``;
 - :mod:`~csrun.emulator.engine.cuda_graph`: on a CUDA device, the step's forward and backward
-  captured once and replayed as a CUDA graph.
+  captured once and replayed as a CUDA graph; :mod:`~csrun.emulator.engine.graph_check`, what a
+  graph cannot hold.
 
 Nothing here knows about sockets or the user API; the device API (:mod:`csrun.emulator`) runs it.
 """

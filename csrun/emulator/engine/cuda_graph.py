@@ -19,11 +19,18 @@ for the whole model). That is a choice of numbers over launches: a captured kern
 scalars it was launched with, so a learning rate, an Adam bias correction or a loss scale that
 changes every step would have to come from a device tensor instead, and torch's update kernels
 take those as Python scalars (``add_(g, alpha=-lr)`` is one fused multiply-add; the same
-arithmetic with a tensor rounds twice). Inside the graph every kernel is the one the step without
-a graph launches, with the same arguments, so a float32 run is the same bits with and without
-the graph, and as eager PyTorch's.
+arithmetic with a tensor rounds twice). Inside the graph every value is computed as the step
+without a graph computes it — the same kernels, and the loss scaling a multiply by a float32
+tensor holding the scale, exact where the plain step multiplies by the Python scalar (or skips a
+scale of 1) — so a float32 run is meant to give the same bits with and without the graph, and as
+eager PyTorch's (checked on a CPU for the body; the replays' check needs a GPU).
 
-**What it cannot hold.** The first warm-up step runs under a check (:func:`graph_blocker`) that
+**Which steps replay.** Training steps with a backward that start without held gradients, and
+eval steps. The first step of a gradient accumulation replays; its later micro-steps add to the
+held gradients and run without the graph, as do steps without a backward.
+
+**What it cannot hold.** The first warm-up step runs under a check
+(:func:`~csrun.emulator.engine.graph_check.graph_blocker`) that
 names the first op a graph cannot replay: one that reads a value back to the host (``.item()``,
 ``bool(tensor)``), one whose output shape depends on the data (``nonzero``, indexing with a
 boolean mask) or that writes through a boolean mask, one that runs with a tensor on another
@@ -53,8 +60,8 @@ from typing import Any, Callable
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from csrun.emulator.engine.graph_check import graph_blocker
 from csrun.env_settings import env_name, env_settings
 
 log = logging.getLogger("csrun.emulator")
@@ -72,83 +79,6 @@ Body = Callable[[Any], Outputs]
 def graph_mode() -> str:
     """``CSRUN_CUDA_GRAPH``: ``auto`` (the default) or ``off`` (:mod:`csrun.env_settings`)."""
     return env_settings().cuda_graph
-
-
-class _Watch(TorchDispatchMode):
-    """Notes the first op of a run that a CUDA graph cannot replay (see :func:`graph_blocker`)."""
-
-    supports_higher_order_operators = True  # run as they are: the capture itself judges what they launch
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__()
-        self.device = device
-        self.reason: str | None = None
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if self.reason is None and not isinstance(func, torch._ops.HigherOrderOperator):
-            self.reason = _blocking(func, args, kwargs, out, self.device)
-        return out
-
-
-_aten = torch.ops.aten
-_COPIES = frozenset({_aten._to_copy, _aten.copy_, _aten._copy_from, _aten._copy_from_and_resize, _aten.to})
-_MASKED_WRITES = frozenset({_aten.index_put, _aten.index_put_, _aten._index_put_impl_, _aten._unsafe_index_put})
-
-
-def _blocking(func: Any, args: Any, kwargs: Any, out: Any, device: torch.device) -> str | None:
-    """Why ``func`` (run on ``args``, giving ``out``) cannot be in a graph on ``device``; None if it can."""
-    packet = func.overloadpacket
-    name = str(packet.__name__)
-    tags = getattr(func, "tags", ())
-    if torch.Tag.data_dependent_output in tags:
-        return f"aten.{name} reads a tensor's value back to the host (.item(), bool(tensor), a comparison in Python)"
-    if packet in _MASKED_WRITES and _shape_depends_on_data(func, args, kwargs):
-        return f"aten.{name} writes through a boolean mask (the positions are found on the host)"
-    if torch.Tag.dynamic_output_shape in tags and _shape_depends_on_data(func, args, kwargs):
-        return f"aten.{name} makes a tensor whose shape depends on the data"
-    tensors = [t for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
-    strict = packet in _COPIES  # a copy between devices, whatever its size
-    elsewhere = [t.device for t in tensors if t.device != device and (strict or not (t.device.type == "cpu" and t.ndim == 0))]
-    elsewhere += [t.device for t in _written(func, args, kwargs) if t.device != device]  # CPU state it changes
-    if elsewhere:
-        return f"aten.{name} runs with a tensor on {elsewhere[0]}, not on the device {device}"
-    return None
-
-
-def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
-    """The tensors ``func`` writes in place (its schema's mutable arguments)."""
-    written = []
-    for i, arg in enumerate(func._schema.arguments):
-        value = args[i] if i < len(args) else kwargs.get(arg.name)
-        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
-            written.append(value)
-    return written
-
-
-def _shape_depends_on_data(func: Any, args: Any, kwargs: Any) -> bool:
-    """Of the ops whose output shape may depend on the data, whether this call's does: indexing
-    with integer tensors (a gather, or a scatter with ``index_put``) and ``repeat_interleave``
-    given its ``output_size`` do not; a boolean mask does."""
-    packet = func.overloadpacket
-    if packet is _aten.index or packet in _MASKED_WRITES:
-        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
-    if packet is _aten.repeat_interleave:
-        return kwargs.get("output_size") is None
-    return True
-
-
-def graph_blocker(run: Callable[[], Any], device: torch.device) -> tuple[Any, str | None]:
-    """Call ``run`` and watch its ops (autograd's backward included); returns what it returned and
-    why its ops cannot be captured in a CUDA graph on ``device`` (the first such op), or None.
-
-    The ops run as they would without the watch: the values are the same."""
-    watch = _Watch(device)
-    with watch:
-        result = run()
-    return result, watch.reason
 
 
 def _signature(leaves: list[Any], tree: Any) -> tuple[Any, ...]:
@@ -252,7 +182,7 @@ class StepGraph:
         return pytree.tree_unflatten(moved, tree)
 
     def _eager(self, leaves: list[Any], tree: Any) -> Outputs:
-        return self.body(self._inputs(leaves, tree))
+        return _copies(self.body(self._inputs(leaves, tree)))
 
     def _stream(self) -> torch.cuda.Stream:
         if self._side is None:
@@ -278,7 +208,7 @@ class StepGraph:
         for t in [*pytree.tree_leaves(result[0]), *result[1]]:
             if isinstance(t, torch.Tensor) and t.device.type == "cuda":
                 t.record_stream(here)
-        return result
+        return _copies(result)
 
     def _capture(self, leaves: list[Any], tree: Any) -> Outputs:
         """Capture the body on static inputs filled with this batch, then replay it for this step.
@@ -329,14 +259,20 @@ class StepGraph:
             stage.fill(leaves)
         graph.replay()
         self.replays += 1
-        outputs, state = static  # copies of the outputs: the next replay overwrites them
-        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}, list(state)
+        return _copies(static)  # the next replay overwrites the static outputs
 
     def _stop(self, reason: str) -> None:
         """Run every later step without a graph, after one notice naming why."""
         self.off = reason
         self._graph = self._stage = self._static = None
         self.notice(f"CUDA graph: the step runs without a graph: {reason}")
+
+
+def _copies(result: Outputs) -> Outputs:
+    """The body's outputs as copies (one may alias a weight the update changes, or a static
+    output the next replay overwrites), with its state as it is."""
+    outputs, state = result
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}, list(state)
 
 
 def _close_pool(device: torch.device, pool: Any) -> None:

@@ -7,8 +7,9 @@ unscale/overflow check, clipping, the optimizer update with the learning rate th
 for the global step (torch's update arithmetic, without ``torch.optim``'s per-step wrappers where
 :mod:`~csrun.emulator.engine.lean_step` applies: for one-group SGD with a static loss scale and no
 clipping, everything after the backward is one TorchScript call that runs without the GIL), and
-the loss-scale update. All state lives on the engine's device. On a CUDA device each step's
-forward and backward replay as a CUDA graph (:mod:`~csrun.emulator.engine.cuda_graph`).
+the loss-scale update. All state lives on the engine's device. On a CUDA device a step's
+forward and backward replay as a CUDA graph where the step allows it
+(:mod:`~csrun.emulator.engine.cuda_graph` says which steps).
 
 The program's forward returns the loss, or a tuple/list whose first item is the loss, or a
 mapping with a ``"loss"`` key; other items come back as extra outputs (``output_<i>`` for
@@ -309,7 +310,6 @@ class Engine:
         self._graph_scale = torch.ones((), dtype=torch.float32, device=self.device)
         """The loss scale as the graph reads it (set before a step when the scaler's changed)."""
         self._graph_scale_value = 1.0
-        self._graph_scaled = self.scaler is not None and (self.scaler.dynamic or self.scaler.scale != 1.0)
         self.step_graph = self._make_step_graph(step_graph)
         # train/eval behaviour (dropout, batch norm) is fixed in the captured graph; the
         # unlifted module refuses .train()/.eval(), so nothing is switched here.
@@ -341,12 +341,13 @@ class Engine:
         del extra
         if not self.training:
             return out, []
-        root = loss * self._graph_scale if self._graph_scaled else loss
+        root = loss * self._graph_scale  # always: a scale of 1 multiplies exactly, and may change later
         _backward(root, self._unit)
         del loss, root
         return out, [t.grad for t in self._grad_holders()]
 
-    def _graphed_step(self, batch: Any, plan: StepPlan) -> dict[str, torch.Tensor]:
+    def _graphed_step(self, batch: Any, plan: StepPlan,
+                      publish: Callable[[dict[str, Any]], None] | None) -> dict[str, torch.Tensor]:
         """:meth:`run_step` through the step's graph: its body replayed, then the update as without it."""
         graph = self.step_graph
         assert graph is not None  # noqa: S101 - run_step's choice
@@ -355,19 +356,17 @@ class Engine:
             return graph.run(leaves, tree)[0]
         assert self.scaler is not None  # noqa: S101 - a train engine has one
         rates, scale = self._rates(self._step), self.scaler.scale
-        if self._graph_scaled and self._graph_scale_value != scale:
+        if self._graph_scale_value != scale:
             self._graph_scale.fill_(scale)
             self._graph_scale_value = scale
         values, grads = graph.run(leaves, tree)
         for holder, grad in zip(self._grad_holders(), grads):
             holder.grad = grad
         out = {"loss": values.pop("loss"), **self._step_values(rates, scale, plan), **values}
+        if publish is not None and self._clipping(plan)[0] is None:
+            publish(out)  # the graph's outputs are copies: the update cannot change them
         self._update(out, plan, rates)
         return out
-
-    def _scale(self) -> float:
-        """The loss scale of the next backward."""
-        return self.scaler.scale if self.scaler is not None else 1.0
 
     def _step_values(self, rates: float | list[float], scale: float, plan: StepPlan) -> dict[str, torch.Tensor]:
         """A training step's ``lr`` and ``loss_scale`` (the values it used) and ``global_step`` (after it)."""
@@ -478,9 +477,8 @@ class Engine:
         waits for the values need not wait for the update too (unless an output comes after the
         update: the gradient norm of clipping, or values of the program's second part).
         """
-        if self.step_graph is not None and (not self.training or (
-                plan.backward and not self._holding_grads and (self._graph_scaled or self._scale() == 1.0))):
-            return self._graphed_step(batch, plan)
+        if self.step_graph is not None and (not self.training or (plan.backward and not self._holding_grads)):
+            return self._graphed_step(batch, plan, publish)
         inputs = self._to_device(batch)
         if not self.training:
             with torch.no_grad(), self._forward_context():
@@ -501,8 +499,9 @@ class Engine:
                 loss, extra = _split_outputs(first)
         loss = loss.float()
         out: dict[str, Any] = {"loss": loss.detach(), **self._step_values(rates, scale, plan)}
-        for k, v in extra.items():  # copied: an extra may alias a weight the update changes (as the graph's are)
-            out[k] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+        copied = publish is not None or (plan.backward and plan.update)  # an extra may alias a weight the update changes
+        for k, v in extra.items():
+            out[k] = (v.detach().clone() if copied else v.detach()) if isinstance(v, torch.Tensor) else v
         del extra
         if plan.backward:
             if publish is not None and self._split is None and self._clipping(plan)[0] is None:

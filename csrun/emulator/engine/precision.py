@@ -144,4 +144,4 @@ def forward_context(precision: str, device: torch.device, *, cache: bool = True)
     it; the values are the same)."""
     dtype = autocast_dtype(precision)
     return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype,
-                                                                         cache_enabled=cache)
+                                                                         cache_enabled=None if cache else False)
