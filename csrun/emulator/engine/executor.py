@@ -332,8 +332,9 @@ class Engine:
 
     def _graph_body(self, inputs: Any) -> tuple[dict[str, Any], list[torch.Tensor | None]]:
         """What a step's graph holds (:mod:`~csrun.emulator.engine.cuda_graph`): the forward and, in
-        training, the loss scaling and the backward — the kernels :meth:`run_step` launches for
-        them without a graph. Returns the outputs and the gradients of :meth:`_grad_holders`."""
+        training, the loss scaling (by the scale as a float32 tensor) and the backward — the values
+        :meth:`run_step` computes for them without a graph. Returns the outputs and the gradients
+        of :meth:`_grad_holders`."""
         with self._forward_context(), _NO_CHANGE if self.training else torch.no_grad():
             loss, extra = _split_outputs(self._forward_for(inputs)(inputs))
         loss = loss.float()
