@@ -265,7 +265,12 @@ class StepGraph:
         """Run every later step without a graph, after one notice naming why."""
         self.off = reason
         self._graph = self._stage = self._static = None
-        self.notice(f"CUDA graph: the step runs without a graph: {reason}")
+        say_without_graph(self.notice, reason)
+
+
+def say_without_graph(notice: Callable[[str], None], reason: str) -> None:
+    """The one notice of a program whose steps run without a graph, naming why."""
+    notice(f"CUDA graph: the step runs without a graph: {reason}")
 
 
 def _copies(result: Outputs) -> Outputs:

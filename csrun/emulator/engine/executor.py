@@ -319,8 +319,8 @@ class Engine:
         if wanted is False or (wanted is None and (self.device.type != "cuda" or cuda_graph.graph_mode() == "off")):
             return None
         if self._split is not None:
-            self.notice("CUDA graph: the step runs without a graph: it runs the model again after optimizer.step(), "
-                        "on the updated weights")
+            cuda_graph.say_without_graph(self.notice, "it runs the model again after optimizer.step(), on the "
+                                                      "updated weights")
             return None
         return cuda_graph.StepGraph(self._graph_body, self.device, self.notice, reset=self._clear_gradients)
 
