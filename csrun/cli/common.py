@@ -12,16 +12,24 @@ import sys
 from typing import Callable, Sequence
 
 from csrun.errors import LaunchError
-from csrun.launch.process import run_child, run_cli
+from csrun.launch.process import ignore_late_ctrl_c, run_child, run_cli
 
 __all__ = ["run_cli", "run_child", "console_entry", "show_and_run", "say", "shown"]
 
 
 def console_entry(main: Callable[[], int]) -> Callable[[], None]:
-    """The console-script function for a command's ``main``: exits with its code."""
+    """The console-script function for a command's ``main``: exits with its code, which a Ctrl-C
+    arriving after ``main`` returned does not change (:func:`~csrun.launch.process.ignore_late_ctrl_c`)."""
 
     def console_main() -> None:
-        sys.exit(main())
+        code = 130  # a Ctrl-C outside the body's own handling: the shell's 128 + SIGINT
+        try:
+            code = main()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            ignore_late_ctrl_c()
+        sys.exit(code)
 
     console_main.__doc__ = f"The console script of {main.__module__}."
     return console_main

@@ -99,6 +99,16 @@ def _drain(fd: int) -> None:
         pass
 
 
+def ignore_late_ctrl_c() -> None:
+    """The command is over (it chose its exit code): a Ctrl-C arriving while the interpreter exits
+    (a person's second press as the work finished) changes nothing, where Python would print a
+    traceback from its shutdown or die by SIGINT in place of that code. Main thread only; elsewhere nothing."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+
+
 def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
     """Run a command's body on ``argv`` (default ``sys.argv[1:]``); a :class:`UserError` becomes
     ``prog: error: ...`` on stderr and its exit code. ``--version`` as the first word prints

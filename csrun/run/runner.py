@@ -22,6 +22,7 @@ from csrun.program.errors import DeviceError
 from csrun.errors import EnvironmentFailure, UsageError, UserError, describe_os_error, os_error_in
 from csrun.run import cli_args, loops
 from csrun.files import remove_temporaries
+from csrun.launch.process import ignore_late_ctrl_c
 from csrun.run.model_dir_lock import model_dir_lock
 from csrun.run.checkpoints import (CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint,
                                    set_aside_earlier_run)
@@ -164,7 +165,10 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
 
     ``extra_args_parser_fn``: returns an ``argparse.ArgumentParser`` (``add_help=False``), or a
     list of them, with the model's own flags; they are parsed with run.py's (an unknown flag is
-    still an error) and reach ``model_fn`` and the input functions as ``params.extra_args``."""
+    still an error) and reach ``model_fn`` and the input functions as ``params.extra_args``.
+
+    After a Ctrl-C stopped the run, SIGINT stays ignored: the program is ending, and a person's
+    next press must not turn its exit into a traceback."""
     started = time.monotonic()
     prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "run.py"
     made = extra_args_parser_fn() if extra_args_parser_fn is not None else []
@@ -194,6 +198,8 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
         else:
             _say(f"{exc}, before its first step: nothing new to save. Continue with --resume.")
         ask_to_requeue(exc)
+        if exc.signum == signal.SIGINT:  # stopped by hand: the run is over, a second press changes nothing now
+            ignore_late_ctrl_c()
         return exc.exit_code
     except UserError as exc:
         if is_chief or not isinstance(exc, ConfigError):
@@ -203,6 +209,7 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        ignore_late_ctrl_c()
         return 130
     except (OSError, RuntimeError) as exc:  # the machine failed (disk, permissions, a lost server)
         line = _environment_failure(exc)

@@ -1,0 +1,49 @@
+"""A command's console entry: the exit code ``main`` chose stands, whatever Ctrl-C comes after it.
+
+A person's second Ctrl-C can land just as the command finishes (its child saved and stopped on
+the first); the interpreter's shutdown then must not print a traceback or die by SIGINT in place
+of the command's exit code (a flaky ``test_a_second_ctrl_c_stops_at_once`` found it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import REPO
+
+PROGRAM = textwrap.dedent("""
+    import atexit, os, signal, sys, time
+    from csrun.cli.common import console_entry
+
+    def late_ctrl_c() -> None:  # runs during the interpreter's exit, as a late press would land
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+
+    def main() -> int:
+        if sys.argv[1] == "raises":
+            raise KeyboardInterrupt
+        atexit.register(late_ctrl_c)
+        return int(sys.argv[1])
+
+    console_entry(main)()
+""")
+
+
+def run(arg: str) -> subprocess.CompletedProcess[str]:
+    """The program above with ``arg``, from the checkout."""
+    return subprocess.run([sys.executable, "-c", PROGRAM, arg], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_a_ctrl_c_while_the_command_exits_keeps_its_code() -> None:
+    for code in (0, 130, 3):
+        done = run(str(code))
+        assert done.returncode == code, done.stderr
+        assert "KeyboardInterrupt" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_ctrl_c_the_body_did_not_handle_exits_130_without_a_traceback() -> None:
+    done = run("raises")
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
