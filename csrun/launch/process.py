@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from csrun.consoles import whole_lines
 from csrun.errors import UserError
 from csrun.launch.task_log import TaskLog, copy_lines, unbuffered
 
@@ -110,9 +111,11 @@ def ignore_late_ctrl_c() -> None:
 
 
 def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
-    """Run a command's body on ``argv`` (default ``sys.argv[1:]``); a :class:`UserError` becomes
+    """Run a command's body on ``argv`` (default ``sys.argv[1:]``), each line it prints one write
+    (:func:`~csrun.consoles.whole_lines`); a :class:`UserError` becomes
     ``prog: error: ...`` on stderr and its exit code. ``--version`` as the first word prints
     ``prog (csrun X.Y.Z)`` and exits 0."""
+    whole_lines()
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["--version"]:
         import csrun

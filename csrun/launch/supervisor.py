@@ -208,24 +208,26 @@ def supervise(line: Sequence[str], env: dict[str, str], state_dir: str, prog: st
             elif terminated_at and time.monotonic() - terminated_at > KILL_AFTER_S:
                 _signal_group(child.pid, signal.SIGKILL)
         _signal_group(child.pid, signal.SIGKILL)  # anything the step left behind in its group
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if child.poll() is None:
-            _signal_group(child.pid, signal.SIGKILL)
-            child.wait()
-        watch.wait(0)  # ends that came with the step's
-        watch.close()
-        for pump in pumps:  # the step's last lines (a straggler holding a pipe: bounded wait)
-            pump.join(timeout=2.0)
-        if bar is not None:
-            bar.stop()
-        clean_shm(started, before)
-        if failed is None:
-            failed = watch.first_failure(final=True)
-            if failed is not None:
-                _say_failed(prog, failed, env, interrupt, ending=False)
-        shutil.rmtree(state_dir, ignore_errors=True)
+    finally:  # a Ctrl-C during the clean-up is still this job's (a second press: "stopping now")
+        try:
+            if child.poll() is None:
+                _signal_group(child.pid, signal.SIGKILL)
+                child.wait()
+            watch.wait(0)  # ends that came with the step's
+            watch.close()
+            for pump in pumps:  # the step's last lines (a straggler holding a pipe: bounded wait)
+                pump.join(timeout=2.0)
+            if bar is not None:
+                bar.stop()
+            clean_shm(started, before)
+            if failed is None:
+                failed = watch.first_failure(final=True)
+                if failed is not None:
+                    _say_failed(prog, failed, env, interrupt, ending=False)
+            shutil.rmtree(state_dir, ignore_errors=True)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     code = child.returncode
     code = failed.code if failed is not None else (128 - code if code < 0 else code)
     return INTERRUPTED if interrupt.count and code != 0 else code

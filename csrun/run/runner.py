@@ -26,7 +26,7 @@ from csrun.launch.process import ignore_late_ctrl_c
 from csrun.run.model_dir_lock import model_dir_lock
 from csrun.run.checkpoints import (CheckpointError, latest_valid, list_checkpoints, load_checkpoint, save_checkpoint,
                                    set_aside_earlier_run)
-from csrun.consoles import time_prefix
+from csrun.consoles import time_prefix, whole_lines
 from csrun.run.logs import flush_console, setup_logging
 from csrun.run.params import InputConfig, ModelConfig, Params
 from csrun.run.performance import performance_doc, write_performance
@@ -168,8 +168,10 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
     still an error) and reach ``model_fn`` and the input functions as ``params.extra_args``.
 
     After a Ctrl-C stopped the run, SIGINT stays ignored: the program is ending, and a person's
-    next press must not turn its exit into a traceback."""
+    next press must not turn its exit into a traceback. Each line the process prints is one write
+    (:func:`~csrun.consoles.whole_lines`: a job's tasks share the launcher's stream)."""
     started = time.monotonic()
+    whole_lines()
     prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "run.py"
     made = extra_args_parser_fn() if extra_args_parser_fn is not None else []
     parents = list(made) if isinstance(made, (list, tuple)) else [made]

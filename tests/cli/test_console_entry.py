@@ -47,3 +47,34 @@ def test_a_ctrl_c_the_body_did_not_handle_exits_130_without_a_traceback() -> Non
     done = run("raises")
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+PRINTER = textwrap.dedent("""
+    import sys
+    from csrun.launch.process import run_cli
+
+    def body(args: list[str]) -> int:
+        for _ in range(10000):
+            print(args[0] * 300, file=sys.stderr)
+        return 0
+
+    sys.exit(run_cli("printer", body, sys.argv[1:]))
+""")
+
+
+def test_lines_of_commands_sharing_a_stream_do_not_mix_under_pythonunbuffered() -> None:
+    """Two commands print into one pipe under ``PYTHONUNBUFFERED=1`` (as a job's tasks and its
+    launcher do): every line comes out whole. Unbuffered, print writes its text and its newline
+    apart, and the other's line lands between them (a CI run's ``...bin/pythoncsrun_wse: task rank 2``)."""
+    import os
+
+    read_end, write_end = os.pipe()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    printers = [subprocess.Popen([sys.executable, "-c", PRINTER, letter], stderr=write_end, env=env, cwd=REPO)
+                for letter in "AB"]
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        lines = pipe.read().decode().splitlines()
+    assert [p.wait(timeout=60) for p in printers] == [0, 0]
+    mixed = [line[:20] + "..." + line[-20:] for line in lines if line not in ("A" * 300, "B" * 300)]
+    assert not mixed and len(lines) == 20000, (len(lines), mixed[:5])

@@ -138,16 +138,19 @@ def test_hello_deadline_cuts_a_connection_that_never_answers() -> None:
 
 # stalled holders ---------------------------------------------------------------------------------
 
-STALLED = textwrap.dedent("""
+ONE_STEP = textwrap.dedent("""
     import sys
     from csrun.emulator.remote.client import RemoteDevice
     from tests.emulator.helpers import make_program
     from tests.tiny_models import MLP, mlp_batches
     batches = mlp_batches(2)
     ep, spec = make_program(MLP(), batches[0])
-    dev = RemoteDevice(sys.argv[1], sys.argv[2], "stalled-job", connect_timeout=10)
+    dev = RemoteDevice(sys.argv[1], sys.argv[2], sys.argv[3], connect_timeout=10)
     dev.load(ep, spec)
     dev.submit(batches[0]).result()
+""")
+"""A client (argv: address, token, job id) that trains one step and keeps its device open."""
+STALLED = ONE_STEP + textwrap.dedent("""
     print("ready", flush=True)
     sys.stdin.readline()
     try:
@@ -160,8 +163,8 @@ STALLED = textwrap.dedent("""
 
 def test_stopped_holder_loses_the_system_and_is_told_when_it_wakes(program: tuple) -> None:
     with serve(idle_limit=1.5) as srv:
-        proc = subprocess.Popen([sys.executable, "-c", STALLED, addr(srv), TOKEN], cwd=REPO,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-c", STALLED, addr(srv), TOKEN, "stalled-job"], cwd=REPO,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdin is not None
             assert proc.stdout.readline().strip() == "ready"
@@ -175,13 +178,26 @@ def test_stopped_holder_loses_the_system_and_is_told_when_it_wakes(program: tupl
             proc.stdin.write("go\n")
             proc.stdin.flush()
             said = proc.stdout.readline().strip()
-            assert proc.wait(30) == 0
+            assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
     assert said.startswith("SystemReclaimed: "), said
     assert addr(srv) in said and "idle limit of 1.5s" in said
+
+
+def test_a_script_that_never_closes_its_device_says_goodbye_at_exit(caplog: pytest.LogCaptureFixture) -> None:
+    """The device is closed before the interpreter ends (its link threads, left running into the
+    interpreter's end, once took a client down with SIGABRT): exit 0 and a goodbye, not a lost link."""
+    caplog.set_level(logging.INFO, logger="csrun.emulator.remote.server")
+    with serve() as srv:
+        done = subprocess.run([sys.executable, "-c", ONE_STEP, addr(srv), TOKEN, "unclosed-job"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+        wait_until(lambda: srv.busy_with is None, 10)
+    assert done.returncode == 0, done.stderr
+    said = [r.getMessage() for r in caplog.records if "unclosed-job" in r.getMessage()]
+    assert any("said goodbye" in line for line in said) and not any("connection lost" in line for line in said), said
 
 
 def test_silent_authenticated_socket_loses_the_system(program: tuple) -> None:

@@ -22,13 +22,14 @@ from tests.conftest import BIN, REPO, follow, long_debug_params
 
 pytestmark = pytest.mark.timeout(300)
 END_WITHIN_S = 10.0
+SLOW_SAVE = Path(__file__).parent / "scripts" / "slow_save_task.py"
 COMMAND = [str(BIN / "csrun_wse"), "--total-nodes", "3", str(BIN / "python-pt"), str(REPO / "models" / "fc_mnist" / "run.py"),
            "--mode", "train"]
 
 
-def interrupted(env: dict[str, str], tmp_path: Path, times: int) -> tuple[int, str, float, Path, dict, Path]:
-    """fc_mnist under csrun_wse, SIGINTed ``times`` times (0.5 s apart) once the chief logs a step: the exit
-    code, the output, the seconds from the last SIGINT to the end, the model_dir and the params (doc, file)."""
+def interrupted(env: dict[str, str], tmp_path: Path) -> tuple[int, str, float, Path, dict, Path]:
+    """fc_mnist under csrun_wse, SIGINTed once the chief logs a step: the exit code, the output, the
+    seconds from the SIGINT to the end, the model_dir and the params (doc, file)."""
     params_doc, params = long_debug_params(tmp_path)
     md = tmp_path / "md"
     md.mkdir()
@@ -36,9 +37,7 @@ def interrupted(env: dict[str, str], tmp_path: Path, times: int) -> tuple[int, s
 
     def on_line(line: str, proc: subprocess.Popen[str]) -> None:
         if not sent_at and "| Train: step" in line:
-            for i in range(times):
-                time.sleep(0.5 * bool(i))
-                os.kill(proc.pid, signal.SIGINT)
+            os.kill(proc.pid, signal.SIGINT)
             sent_at.append(time.monotonic())
 
     code, output = follow([*COMMAND, "--params", str(params), "-o", str(md)], env, on_line, cwd=tmp_path)
@@ -46,6 +45,7 @@ def interrupted(env: dict[str, str], tmp_path: Path, times: int) -> tuple[int, s
 
 
 def still_running(model_dir: Path) -> list[str]:
+    """The command lines of processes naming ``model_dir`` (a job's leftovers)."""
     out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if str(model_dir) in line]
 
@@ -58,7 +58,7 @@ def launch_env(request: pytest.FixtureRequest, no_slurm_env: dict[str, str]) -> 
 
 
 def test_one_ctrl_c_saves_and_stops_and_resume_continues(launch_env: dict[str, str], tmp_path: Path) -> None:
-    code, output, took, md, params_doc, params = interrupted(launch_env, tmp_path, 1)
+    code, output, took, md, params_doc, params = interrupted(launch_env, tmp_path)
     assert code == 130, output[-3000:]
     assert "csrun_wse: interrupted: the job stops (a training run.py saves a checkpoint at its next step first)" in output, \
         output[-3000:]
@@ -77,12 +77,30 @@ def test_one_ctrl_c_saves_and_stops_and_resume_continues(launch_env: dict[str, s
 
 
 def test_a_second_ctrl_c_stops_at_once(launch_env: dict[str, str], tmp_path: Path) -> None:
-    code, output, took, md, _, _ = interrupted(launch_env, tmp_path, 2)
-    assert code == 130, output[-3000:]
-    assert "csrun_wse: interrupted again: stopping the job now" in output, output[-3000:]
+    """The job is still saving when the second press comes (tests/launch/scripts/slow_save_task.py;
+    a real fc_mnist may be done within the half second between two presses)."""
+    ready: list[str] = []
+    sent_at: list[float] = []
+
+    def on_line(line: str, proc: subprocess.Popen[str]) -> None:
+        if line.rstrip().endswith(" ready"):  # "rank 0 ready", "[rank 1] rank 1 ready"
+            ready.append(line)
+        if len(ready) == 3 and not sent_at:  # every task's handler is in place
+            os.kill(proc.pid, signal.SIGINT)
+            sent_at.append(0.0)
+        elif " saving" in line and sent_at == [0.0]:  # the first press reached a task: still saving
+            os.kill(proc.pid, signal.SIGINT)
+            sent_at.append(time.monotonic())
+
+    command = [str(BIN / "csrun_wse"), "--total-nodes", "3", str(BIN / "python-pt"), str(SLOW_SAVE), str(tmp_path)]
+    code, output = follow(command, launch_env, on_line, cwd=tmp_path)
+    took = time.monotonic() - sent_at[-1]
+    assert len(sent_at) == 2 and code == 130, output[-3000:]
+    assert "csrun_wse: interrupted: the job stops" in output and "csrun_wse: interrupted again: stopping the job now" in output, \
+        output[-3000:]
     assert took < END_WITHIN_S, f"{took:.1f} s"
     time.sleep(1)
-    assert not still_running(md)
+    assert not still_running(tmp_path)
 
 
 def test_the_jobs_own_emulator_ignores_the_preemption_signals() -> None:

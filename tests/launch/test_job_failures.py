@@ -79,7 +79,7 @@ def test_a_failed_task_ends_the_job_with_its_code(no_slurm_env: dict[str, str], 
     took = time.monotonic() - t0
     assert done.returncode == code, done.stdout + done.stderr
     assert f"csrun_wse: task rank {rank} on " in done.stderr and f"exited with code {code}" in done.stderr, done.stderr
-    assert took < END_WITHIN_S + 5, f"{took:.1f} s"  # the job's own start-up included
+    assert took < END_WITHIN_S + 15, f"{took:.1f} s"  # the start-up of three torch tasks included (a loaded CI machine)
     assert not leftovers()
     assert not left_behind(before), "the job left MPICH segments in /dev/shm"
 

@@ -9,11 +9,14 @@ The link is opened by :mod:`csrun.emulator.remote.connect` (TLS when ``CSRUN_EMU
 is waited for in its queue, up to ``CSRUN_QUEUE_TIMEOUT``, with one line per queue position. While it is open, a keep-alive thread
 (:mod:`csrun.emulator.remote.keepalive`) pings when the job is quiet, so only a process stopped as a
 whole outlives the server's idle limit; such a job, when it wakes, gets one line saying that the
-system was taken back (:class:`~csrun.emulator.errors.SystemReclaimed`).
+system was taken back (:class:`~csrun.emulator.errors.SystemReclaimed`). A device still open when
+the interpreter exits is closed first (a goodbye to the server, the link's threads ended): left to
+the interpreter's end, a thread still reading could take the process down with SIGABRT.
 """
 
 from __future__ import annotations
 
+import atexit
 import socket
 import threading
 from concurrent.futures import Future
@@ -38,6 +41,8 @@ from csrun.program.spec import ProgramSpec
 
 LOST_WAIT = 1.0
 """Seconds a failed send waits for the reader to learn why the link ended (the server's last word)."""
+BYE_WAIT_S = 2.0
+"""How long :meth:`RemoteDevice.close` waits to send its goodbye (a stalled server gets none)."""
 
 
 def _error_from(header: dict[str, Any], where: str) -> BaseException:
@@ -101,6 +106,7 @@ class RemoteDevice(Device):
         self._reader.start()
         if self._keepalive is not None:
             self._keepalive.start()
+        atexit.register(self.close)  # a script that never closes its device: its link threads end before the interpreter does
 
     @property
     def where(self) -> str:
@@ -260,11 +266,16 @@ class RemoteDevice(Device):
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         if self._keepalive is not None:
             self._keepalive.stop()
-        try:
-            with self._send_lock:
-                wire.send_frame(self._sock, {"op": "bye", "seq": 0})
+        try:  # bounded: a sender stuck on a stalled server must not hold the process (at exit too)
+            if self._send_lock.acquire(timeout=BYE_WAIT_S):
+                try:
+                    self._sock.settimeout(BYE_WAIT_S)
+                    wire.send_frame(self._sock, {"op": "bye", "seq": 0})
+                finally:
+                    self._send_lock.release()
         except OSError:
             pass
         try:
