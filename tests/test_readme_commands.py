@@ -14,7 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -48,6 +48,21 @@ def steps_cut(argv: list[str]) -> list[str]:
     return argv
 
 
+def start_server(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A README background server (``cs_emulator ... &``), once it says it is listening; its output
+    is drained from then on. One that exits first (its port taken, say) fails the test with its words."""
+    server = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert server.stdout is not None
+    said = []
+    for line in server.stdout:
+        said.append(line)
+        if " listening on " in line:
+            threading.Thread(target=server.stdout.read, daemon=True).start()
+            return server
+    server.wait(timeout=30)
+    raise AssertionError(f"{shlex.join(argv)} exited {server.returncode} before listening:\n{''.join(said)[-2500:]}")
+
+
 def test_the_readme_shows_the_commands_this_test_runs() -> None:
     commands = [c for block in readme_commands() for c in block]
     assert any("csrun_wse" in c and "fc_mnist" in c for c in commands) and any("--compile_only" in c for c in commands)
@@ -77,9 +92,7 @@ def test_every_readme_command_runs_as_written(tmp_path: Path, slurm_env: dict[st
                         continue  # CI ran the set-up
                     argv = steps_cut(argv)
                     if background:
-                        servers.append(subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL,
-                                                        stderr=subprocess.DEVNULL))
-                        time.sleep(3)  # listening (the next command's connect retries for CSRUN_CONNECT_TIMEOUT)
+                        servers.append(start_server(argv, work, env))
                         continue
                     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=400)
                     assert done.returncode == 0, f"{part.strip()}\n{done.stdout[-2500:]}\n{done.stderr[-2500:]}"
