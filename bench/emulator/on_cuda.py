@@ -145,8 +145,6 @@ class Emulated:
                 os.environ.pop(cuda_graph.ENV)
             else:
                 os.environ[cuda_graph.ENV] = before
-        if any(n.startswith("CUDA graph") for n in self.notices) and graph:
-            print(f"  {[n for n in self.notices if n.startswith('CUDA graph')]}", file=sys.stderr)
 
     def first_steps(self, count: int) -> list[float]:
         """ms of each of the first ``count`` steps, each waited for."""
@@ -168,6 +166,14 @@ class Emulated:
         handles = [self.dev.submit(self.batch) for _ in range(steps)]
         handles[-1].result()["loss"]
         return (time.perf_counter() - t0) / steps * 1e3
+
+    def graph_said(self) -> str:
+        """What the step's graph did: ``replayed N of M steps`` and its notices (said at step 1 or
+        at the capture; a graph that fell back must not pass for one that replayed)."""
+        graph = getattr(self.dev._engine, "step_graph", None)
+        done = f"replayed {graph.replays} of {graph.steps} steps" if graph is not None else "no step graph"
+        said = [n for n in self.notices if n.startswith("CUDA graph")]
+        return "; ".join([done, *said])
 
     def close(self) -> None:
         """Release the device."""
@@ -215,8 +221,10 @@ def timings(make: Make, device: torch.device, steps: int, rounds: int, compiled:
     for _ in range(rounds):
         for name, run in runs.items():
             ms[name].append(run.ms(steps))
-    for run in runs.values():
+    for name, run in runs.items():
         if isinstance(run, Emulated):
+            if name != "no graph":
+                print(f"  {name}: {run.graph_said()}", file=sys.stderr, flush=True)
             run.close()
     return ms
 

@@ -378,6 +378,66 @@ def test_cuda_dynamic_scaling_and_mixed_precision() -> None:
         assert x["loss"].isfinite() and torch.allclose(x["loss"], y["loss"], rtol=1e-3)
 
 
+class DropoutMLP(MLP):
+    """The default MLP with dropout on its hidden layer: random numbers drawn inside the step."""
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        hidden = nn.functional.dropout(torch.tanh(self.l1(x)), 0.3, training=self.training)
+        return nn.functional.cross_entropy(self.l2(hidden), y)
+
+
+def one_after_the_other(graphed: Engine, plain: Engine, batches: list[Any]) -> tuple[list[dict[str, torch.Tensor]], ...]:
+    """Every step's outputs of each engine, each run from the same seed (dropout's masks: the
+    graph's replays draw from the generator as the steps without it do)."""
+    outs = []
+    for engine in (graphed, plain):
+        torch.manual_seed(7)
+        outs.append([{k: v.detach().cpu() for k, v in engine.run_step(b).items()} for b in batches])
+    return outs[0], outs[1]
+
+
+def test_dropout_in_the_graphs_step_draws_as_the_plain_step() -> None:
+    batches, model = mlp_batches(8), DropoutMLP()
+    graphed, plain = pair(model, batches, OptimizerSpec(type="adamw"))
+    a, b = one_after_the_other(graphed, plain, batches)
+    assert_same_bits(graphed, plain, a, b)
+    other, _ = pair(model, batches, OptimizerSpec(type="adamw"))
+    torch.manual_seed(8)
+    assert not torch.equal(other.run_step(batches[0])["loss"].detach().cpu(), a[0]["loss"])  # the masks are drawn
+
+
+@CUDA
+def test_cuda_dropout_replays_draw_as_the_plain_steps() -> None:
+    batches = mlp_batches(12)
+    graphed, plain = pair(DropoutMLP(), batches, OptimizerSpec(type="adamw"), "cuda")
+    a, b = one_after_the_other(graphed, plain, batches)
+    assert graphed.step_graph is not None and graphed.step_graph.captured
+    assert graphed.step_graph.replays == len(batches) - cuda_graph.WARMUP_STEPS
+    assert_same_bits(graphed, plain, a, b)
+
+
+@CUDA
+def test_cuda_a_failed_capture_runs_on_without_a_graph_and_dropout_still_draws() -> None:
+    """A capture that fails where the first step's check cannot see (a synchronization only while
+    capturing): one notice, the steps run on without a graph, and dropout outside a capture still
+    works (torch leaves the generator in capture mode after a failed capture until another ends)."""
+
+    def body(x: torch.Tensor) -> cuda_graph.Outputs:
+        if torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+        return {"loss": nn.functional.dropout(x, 0.5, training=True).sum()}, []
+
+    notices: list[str] = []
+    graph = StepGraph(body, torch.device("cuda"), notices.append, reset=lambda: None)
+    x = torch.ones(64, 64)
+    leaves, tree = pytree.tree_flatten(x)
+    losses = [graph.run(leaves, tree)[0]["loss"].item() for _ in range(6)]
+    assert not graph.captured and graph.off is not None and graph.off.startswith("the capture failed")
+    assert len(notices) == 1 and notices[0].startswith("CUDA graph: the step runs without a graph: the capture failed"), notices
+    assert all(0 < loss < 64 * 64 for loss in losses) and len(set(losses)) > 1, losses
+
+
 class MaskedLoss(nn.Module):
     """A loss over the positive outputs only: a boolean mask, whose result's shape depends on the data."""
 

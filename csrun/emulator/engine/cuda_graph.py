@@ -214,9 +214,10 @@ class StepGraph:
         """Capture the body on static inputs filled with this batch, then replay it for this step.
 
         The capture is driven by hand (what ``torch.cuda.graph`` does) so that a failed one ends
-        cleanly: the stream is given back whatever happens, and a capture that could not end
-        has its memory pool closed (torch leaves it open then, and the allocator would think a
-        capture still runs)."""
+        cleanly (:meth:`_after_failed_capture`): the stream is given back whatever happens, a
+        capture that could not end has its memory pool closed (torch leaves it open then, and
+        the allocator would think a capture still runs), and the random generator leaves capture
+        mode (the steps without a graph draw dropout masks outside a capture)."""
         stage = _InputStage(leaves, self.device)
         stage.fill(leaves)
         torch.cuda.synchronize(self.device)
@@ -224,32 +225,54 @@ class StepGraph:
         graph = torch.cuda.CUDAGraph()
         pool = torch.cuda.graph_pool_handle()
         failure: BaseException | None = None
-        ended = False
+        begun = ended = False
         static: Outputs | None = None
-        with torch.cuda.stream(self._stream()):
-            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        side = self._stream()
+        with torch.cuda.stream(side):
             try:
+                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+                begun = True
                 static = self.body(pytree.tree_unflatten(list(stage.on_device), tree))
             except Exception as exc:  # noqa: BLE001 - any capture failure: the steps run without a graph
                 failure = exc
-            try:
-                graph.capture_end()
-                ended = True
-            except Exception as exc:  # noqa: BLE001 - the capture was invalidated (a sync, a host read)
-                failure = failure or exc
+            if begun:
+                try:
+                    graph.capture_end()
+                    ended = True
+                except Exception as exc:  # noqa: BLE001 - the capture was invalidated (a sync, a host read)
+                    failure = failure or exc
         if failure is not None:
             self.reset()  # the gradients the capture assigned, in its pool
             del graph, stage, static
-            if not ended:
-                _close_pool(self.device, pool)
+            self._after_failed_capture(pool, close_pool=not ended)  # a failed begin may have opened it too
             first = str(failure).strip().splitlines()[0] if str(failure).strip() else ""
             self._stop(f"the capture failed ({type(failure).__name__}: {first})")
             return self._eager(leaves, tree)
+        torch.cuda.current_stream(self.device).wait_stream(side)  # what the capture's prologue wrote, before a replay
         assert static is not None  # noqa: S101 - the body returned
         self._graph, self._stage, self._static = graph, stage, static
         self._signature = _signature(leaves, tree)
         log.info("CUDA graph: the step was captured after %d warm-up steps", self.warmup)
         return self._replay(leaves, filled=True)
+
+    def _after_failed_capture(self, pool: Any, *, close_pool: bool) -> None:
+        """What a failed capture leaves, undone: its memory pool (``close_pool``: it did not end)
+        and the random generator's capture mode. torch ends a capture's generator state only in
+        a capture that ends; left in capture mode, every later dropout outside a graph fails
+        ("Offset increment outside graph capture"). A throwaway capture of one kernel on the same
+        stream begins and ends it again (harmless where torch already reset it)."""
+        if close_pool:
+            _close_pool(self.device, pool)
+        try:
+            throwaway = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(self._stream()):
+                throwaway.capture_begin(capture_error_mode="thread_local")
+                torch.zeros(1, device=self.device)
+                throwaway.capture_end()
+            del throwaway
+        except Exception as exc:  # noqa: BLE001 - the device is failing: the plain step will say so
+            log.debug("CUDA graph: the capture that resets the generator failed: %s", exc)
+        torch.cuda.synchronize(self.device)
 
     def _replay(self, leaves: list[torch.Tensor], *, filled: bool = False) -> Outputs:
         """Fill the static inputs (unless the capture just did), replay, hand the outputs out."""
@@ -282,10 +305,17 @@ def _copies(result: Outputs) -> Outputs:
 
 def _close_pool(device: torch.device, pool: Any) -> None:
     """End the allocations to ``pool`` and release it, after a capture that could not end
-    (torch's private allocator calls; best effort: a torch without them keeps the pool)."""
+    (torch's private allocator calls; best effort). The pool is released only when this call
+    ended its allocations: if torch had ended them (a graph that failed to instantiate), the
+    graph released it too, and a second release would break the allocator's count; a pool
+    kept is memory, a pool released twice is an assertion at the next ``empty_cache``."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    for call in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
-        try:
-            getattr(torch._C, call)(index, pool)
-        except Exception as exc:  # noqa: BLE001 - nothing more to do than say so at debug level
-            log.debug("CUDA graph: %s after a failed capture: %s", call, exc)
+    try:
+        torch._C._cuda_endAllocateToPool(index, pool)
+    except Exception as exc:  # noqa: BLE001 - torch ended it already, or has no such call: keep the pool
+        log.debug("CUDA graph: the pool after a failed capture stays (%s)", exc)
+        return
+    try:
+        torch._C._cuda_releasePool(index, pool)
+    except Exception as exc:  # noqa: BLE001 - nothing more to do than say so at debug level
+        log.debug("CUDA graph: releasing the pool after a failed capture: %s", exc)
