@@ -435,7 +435,7 @@ def test_cuda_a_failed_capture_runs_on_without_a_graph_and_dropout_still_draws()
     losses = [graph.run(leaves, tree)[0]["loss"].item() for _ in range(6)]
     assert not graph.captured and graph.off is not None and graph.off.startswith("the capture failed")
     assert len(notices) == 1 and notices[0].startswith("CUDA graph: the step runs without a graph: the capture failed"), notices
-    assert all(0 < loss < 64 * 64 for loss in losses) and len(set(losses)) > 1, losses
+    assert all(0 < loss < 2 * 64 * 64 for loss in losses) and len(set(losses)) > 1, losses  # kept ones count 2
 
 
 class MaskedLoss(nn.Module):
