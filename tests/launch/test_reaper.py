@@ -32,9 +32,10 @@ def _wait(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-
 def test_kill_9_of_the_launcher_leaves_nothing_the_next_launch_keeps(no_slurm_env: dict[str, str],
                                                                         tmp_path: Path) -> None:
     marker = f"csrun-reaper-test-{uuid.uuid4().hex}"
-    code = f"import time; from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); time.sleep(120)  # {marker}"
+    code = (f"import pathlib, sys, time; from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "
+            f"pathlib.Path(sys.argv[1], f'past_init.{{MPI.COMM_WORLD.rank}}').touch(); time.sleep(120)  # {marker}")
     shm_before = {p.name for p in SHM.glob("mpich_shm_*")}
-    launcher = subprocess.Popen([str(BIN / "csrun_wse"), "--total-nodes", "2", sys.executable, "-c", code],
+    launcher = subprocess.Popen([str(BIN / "csrun_wse"), "--total-nodes", "2", sys.executable, "-c", code, str(tmp_path)],
                                 env={**no_slurm_env, "TMPDIR": str(tmp_path)}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
 
@@ -42,8 +43,9 @@ def test_kill_9_of_the_launcher_leaves_nothing_the_next_launch_keeps(no_slurm_en
         return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
 
     try:
-        _wait(lambda: len(tasks()) >= 2 and list(tmp_path.glob("csrun_job.*")))
-        time.sleep(1.0)  # past MPI init: the segments exist
+        _wait(lambda: len(list(tmp_path.glob("past_init.*"))) == 2 and list(tmp_path.glob("csrun_job.*")))
+        made = [p for p in SHM.glob("mpich_shm_*") if p.name not in shm_before]
+        assert made, "the job made no MPICH segment: the check below would hold of nothing"
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
         _wait(lambda: not tasks(), timeout=30)  # the step died with the launcher
