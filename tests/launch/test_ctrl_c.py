@@ -44,10 +44,16 @@ def interrupted(env: dict[str, str], tmp_path: Path) -> tuple[int, str, float, P
     return code, output, time.monotonic() - sent_at[0] if sent_at else -1.0, md, params_doc, params
 
 
-def still_running(model_dir: Path) -> list[str]:
-    """The command lines of processes naming ``model_dir`` (a job's leftovers)."""
-    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if str(model_dir) in line]
+def still_running(model_dir: Path, grace_s: float = 5.0) -> list[str]:
+    """The command lines of processes naming ``model_dir`` (a job's leftovers) still there after
+    ``grace_s`` (a Slurm step's tasks may take a moment to be torn down after srun ends)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+        left = [line for line in out.splitlines() if str(model_dir) in line]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 @pytest.fixture(params=["local", "slurm"])
@@ -99,7 +105,6 @@ def test_a_second_ctrl_c_stops_at_once(launch_env: dict[str, str], tmp_path: Pat
     assert "csrun_wse: interrupted: the job stops" in output and "csrun_wse: interrupted again: stopping the job now" in output, \
         output[-3000:]
     assert took < END_WITHIN_S, f"{took:.1f} s"
-    time.sleep(1)
     assert not still_running(tmp_path)
 
 
