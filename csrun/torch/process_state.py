@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from csrun.cluster import ClusterInfo, allocation_notice, cluster_info
 from csrun.compiler.settings import CompileSettings
+from csrun.consoles import whole_lines
 from csrun.driver.options import verify_steps as checked_verify_steps
 from csrun.driver.run_path import RunFlags, RunPathError, decide
 from csrun.errors import UserError
@@ -89,8 +90,10 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
     emulator's torch device; ``queue_depth`` how many steps the chief may run ahead;
     ``verify_steps`` how many steps of each program the device checks against eager PyTorch
     (:mod:`csrun.driver.verify`; None: ``CSRUN_VERIFY_STEPS``, default 1).
-    ``backend`` installs a backend directly (tests, tools).
+    ``backend`` installs a backend directly (tests, tools). From here on each line the process
+    prints is one write (:func:`~csrun.consoles.whole_lines`: a job's tasks share one stream).
     """
+    whole_lines()
     st = state()
     try:
         path = decide(RunFlags(cs_ip=cs_ip, cpu=cpu, compile_only=compile_only, validate_only=validate_only),

@@ -78,3 +78,16 @@ def test_lines_of_commands_sharing_a_stream_do_not_mix_under_pythonunbuffered() 
     assert [p.wait(timeout=60) for p in printers] == [0, 0]
     mixed = [line[:20] + "..." + line[-20:] for line in lines if line not in ("A" * 300, "B" * 300)]
     assert not mixed and len(lines) == 20000, (len(lines), mixed[:5])
+
+
+def test_a_users_own_loop_prints_whole_lines_from_initialize_on() -> None:
+    """An R1.x loop (cbtorch.initialize, no run.py) under ``PYTHONUNBUFFERED=1``, as a job's task
+    runs: from initialize on its streams write a line at once, as the commands' do."""
+    import os
+
+    program = ("import sys; import csrun.torch as cbtorch; before = sys.stderr.write_through; cbtorch.initialize(cpu=True); "
+               "print(before, sys.stderr.write_through, sys.stderr.line_buffering, sys.stdout.line_buffering)")
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "True", "True"], done.stdout
