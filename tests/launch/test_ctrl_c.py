@@ -93,8 +93,8 @@ def test_a_second_ctrl_c_stops_at_once(launch_env: dict[str, str], tmp_path: Pat
             ready.append(line)
         if len(ready) == 3 and not sent_at:  # every task's handler is in place
             os.kill(proc.pid, signal.SIGINT)
-            sent_at.append(0.0)
-        elif " saving" in line and sent_at == [0.0]:  # the first press reached a task: still saving
+            sent_at.append(time.monotonic())
+        elif " saving" in line and len(sent_at) == 1:  # the first press reached a task: still saving
             os.kill(proc.pid, signal.SIGINT)
             sent_at.append(time.monotonic())
 

@@ -159,8 +159,8 @@ class StepGraph:
             return self._run(leaves, tree)
 
     def _run(self, leaves: list[Any], tree: Any) -> Outputs:
-        if any(not isinstance(t, torch.Tensor) for t in leaves):
-            path = next(i for i, t in enumerate(leaves) if not isinstance(t, torch.Tensor))
+        path = next((i for i, t in enumerate(leaves) if not isinstance(t, torch.Tensor)), None)
+        if path is not None:
             self._stop(f"the batch's item {path} is a {type(leaves[path]).__name__}, not a tensor: a graph would keep "
                        f"its first value")
             return self._eager(leaves, tree)
