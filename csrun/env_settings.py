@@ -52,6 +52,9 @@ class EnvSettings:
     verify_steps: int = setting(
         1, "steps of each program the device checks against eager PyTorch when neither the flag nor the "
            "params give it (0 switches the check off)", min=0)
+    verify_every: int = setting(
+        0, "the device checks one step in this many against eager PyTorch after each program's first "
+           "checked steps, when neither the flag nor the params give it (0: none)", min=0)
     progress: Literal["auto", "bar", "lines"] = setting(
         "auto", "the chief's progress display: a redrawn bar, one line per report, or a bar on a terminal only")
     gc_freeze: bool = setting(True, "a Session freezes the heap built before it out of the garbage collector's scans")

@@ -48,6 +48,16 @@ def _cluster_conf() -> tuple[str | None, str]:
     return None, "slurm/local-cluster status printed no SLURM_CONF"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torch_imported_on_the_main_thread() -> None:
+    """torch's lazy modules (dynamo, the program reader) imported once, before any test starts an
+    in-process cs_emulator: its warm-up thread imports the reader while a test's main thread would
+    import dynamo (an optimizer's first construction), and torch's circular modules imported from
+    two threads at once can each see the other's half-initialised module."""
+    import torch._dynamo  # noqa: F401
+    import torch._export.serde.serialize  # noqa: F401
+
+
 @pytest.fixture(scope="session")
 def slurm_conf() -> str:
     """The running local cluster's slurm.conf path (skip locally, fail in CI, when there is none)."""

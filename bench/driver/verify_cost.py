@@ -7,8 +7,8 @@ Command (from the repository root)::
 Runs the README's main job in one process (``csrun_wse --total-nodes 1 python-pt
 models/fc_mnist/run.py --mode train --params configs/fc_mnist.yaml``, the embedded emulator,
 ``--steps`` overrides ``max_steps``, default 2000) with ``--verify_steps 0`` (the check off:
-the baseline), ``1`` (the default: the first step of the program) and ``10``, in alternating
-rounds, each into a fresh model_dir, and the same for BERT debug (``models/bert/run.py``,
+the baseline), ``1`` (the default: the first step of the program), ``10``, and ``1`` with
+``CSRUN_VERIFY_EVERY=100`` (a sampled check every 100 steps), in alternating rounds, each into a fresh model_dir, and the same for BERT debug (``models/bert/run.py``,
 ``configs/bert_debug.yaml``). Prints one markdown table: ``performance.json``'s samples/s
 (median over rounds; the compile included), its ratio to the run without the check (median
 of the rounds' ratios), and the seconds one check takes: measured inside the job (the state
@@ -34,7 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".venv" / "bin"
 MODELS = (("fc_mnist", "models/fc_mnist/run.py", "configs/fc_mnist.yaml"),
           ("BERT debug", "models/bert/run.py", "configs/bert_debug.yaml"))
-CHECKS = (0, 1, 10)
+CHECKS: tuple[tuple[int, int], ...] = ((0, 0), (1, 0), (10, 0), (1, 100))
+"""(--verify_steps, CSRUN_VERIFY_EVERY) per configuration: off (the baseline), the default, ten, and the
+default with one sampled check every 100 steps."""
 
 
 SHIM = """
@@ -77,10 +79,11 @@ def main() -> int:
     args = ap.parse_args()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     env.pop("CSRUN_VERIFY_STEPS", None)
+    env.pop("CSRUN_VERIFY_EVERY", None)
     print(f"verify cost: {args.rounds} rounds, {os.cpu_count()} cores, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}\n")
-    print("| model | `--verify_steps` | samples/s (median) | / without the check (median of rounds) | rounds "
-          "| one check, s (median) |")
-    print("|---|---|---|---|---|---|")
+    print("| model | `--verify_steps` | every | samples/s (median) | / without the check (median of rounds) | rounds "
+          "| checks | one check, s (median) |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         shim = folder / "shim"
@@ -95,26 +98,29 @@ def main() -> int:
             config_file.write_text(yaml.safe_dump(config))
             job = [str(BIN / "csrun_wse"), "--total-nodes", "1", str(BIN / "python-pt"), str(REPO / script),
                    "--mode", "train", "--params", str(config_file)]
-            rates: dict[int, list[float]] = {n: [] for n in CHECKS}
-            ratios: dict[int, list[float]] = {n: [] for n in CHECKS}
-            checks: dict[int, list[float]] = {n: [] for n in CHECKS}
+            rates: dict[tuple[int, int], list[float]] = {c: [] for c in CHECKS}
+            ratios: dict[tuple[int, int], list[float]] = {c: [] for c in CHECKS}
+            checks: dict[tuple[int, int], list[float]] = {c: [] for c in CHECKS}
+            counts: dict[tuple[int, int], int] = {}
             for r in range(args.rounds):
                 base_rate = 0.0
-                for n in CHECKS:
-                    rate, seconds = run_job(job + ["--verify_steps", str(n)], env, folder / f"{label}_{r}_{n}",
-                                            folder / "times.txt")
-                    if n == 0:
+                for c in CHECKS:
+                    n, every = c
+                    rate, seconds = run_job(job + ["--verify_steps", str(n)], {**env, "CSRUN_VERIFY_EVERY": str(every)},
+                                            folder / f"{label}_{r}_{n}_{every}", folder / "times.txt")
+                    if c == CHECKS[0]:
                         base_rate = rate
-                    rates[n].append(rate)
-                    ratios[n].append(rate / base_rate)
-                    checks[n].extend(seconds)
-                    print(f"{label} round {r}: --verify_steps {n}: {rate:,.0f} samples/s, {len(seconds)} checks",
-                          file=sys.stderr, flush=True)
-            for n in CHECKS:
-                each = ", ".join(f"{x:.3f}" for x in ratios[n])
-                per = f"{statistics.median(checks[n]):.3f}" if checks[n] else "-"
-                print(f"| {label} | {n} | {statistics.median(rates[n]):,.0f} | {statistics.median(ratios[n]):.3f} | "
-                      f"{each} | {per} |")
+                    rates[c].append(rate)
+                    ratios[c].append(rate / base_rate)
+                    checks[c].extend(seconds)
+                    counts[c] = len(seconds)
+                    print(f"{label} round {r}: --verify_steps {n}, every {every}: {rate:,.0f} samples/s, "
+                          f"{len(seconds)} checks", file=sys.stderr, flush=True)
+            for c in CHECKS:
+                each = ", ".join(f"{x:.3f}" for x in ratios[c])
+                per = f"{statistics.median(checks[c]):.3f}" if checks[c] else "-"
+                print(f"| {label} | {c[0]} | {c[1] or '-'} | {statistics.median(rates[c]):,.0f} | "
+                      f"{statistics.median(ratios[c]):.3f} | {each} | {counts.get(c, 0)} | {per} |")
     return 0
 
 

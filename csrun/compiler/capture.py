@@ -35,6 +35,7 @@ from csrun.compiler.locate import (
     user_frame_in_exception,
     user_frame_in_message,
 )
+from csrun.compiler.python_globals import writes_collected
 from csrun.compiler.python_state import forward_changes, in_forward
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec, TensorSpec
@@ -311,7 +312,9 @@ def capture(model: torch.nn.Module, batch: Any, *, settings: CompileSettings) ->
     try:
         # torch.export prints the partial graph to stderr when it fails; keep that out of the
         # user's way (the problem list says what matters) and replay stderr on success.
-        with spy, contextlib.redirect_stderr(err), tensors_put_back(model), in_forward(model) as assigned:
+        # the forward's own prints were seen when the step ran on the host: the trace does not repeat them
+        with spy, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), tensors_put_back(model), \
+                in_forward(model) as assigned, writes_collected() as global_writes:
             program = torch.export.export(model, (batch,), strict=False)
     except Exception as exc:  # torch.export reports user problems as many exception types
         failed = True
@@ -325,6 +328,7 @@ def capture(model: torch.nn.Module, batch: Any, *, settings: CompileSettings) ->
     seconds = time.perf_counter() - t0
     problems = spy.problems + [p for p in problems if not any(p.location == q.location for q in spy.problems)]
     problems += forward_changes(assigned, model)
+    problems += global_writes
     outputs: tuple[str, ...] = ()
     if program is not None:
         problems += _scalar_decays(program)

@@ -18,12 +18,12 @@ import torch
 import torch.utils._pytree as pytree
 
 from csrun.compiler.errors import (
-    CompileError, ConflictingCompileFlags, GradAccumNotSupported, LazyOptimizerState,
+    CompileError, ConflictingCompileFlags, CumulativeBatchNorm, GradAccumNotSupported, LazyOptimizerState,
     LRSchedulerNotSupported, ShapeChanged, ShortLastBatch, TrainAndEvalNotSupported,
     WeightsNotFloat32,
 )
 from csrun.compiler.lr_schedulers import check_scheduler
-from csrun.compiler.locate import caller_location, is_user_file, location_of
+from csrun.compiler.locate import attribute_location, caller_location, is_user_file, location_of
 from csrun.compiler.optim import is_torch_builtin, legacy_type_of, unsupported_optimizer_error
 from csrun.compiler.settings import CompileSettings
 from csrun.compiler.spec import ProgramSpec
@@ -49,6 +49,22 @@ def check_mode(settings: CompileSettings) -> list[CompileError]:
     return problems
 
 
+def check_batch_norm(model: torch.nn.Module) -> list[CompileError]:
+    """A training step with a batch norm whose ``momentum`` is None (a cumulative moving average):
+    refused at the line that makes the module (its parent's ``self.<name> = ...``)."""
+    problems: list[CompileError] = []
+    parents = {id(child): (parent, name) for parent in model.modules() for name, child in parent.named_children()}
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.momentum is None \
+                and module.training and module.track_running_stats:
+            parent, name = parents.get(id(module), (None, ""))
+            where = attribute_location(type(parent), name) if parent is not None else None
+            problems.append(CumulativeBatchNorm(
+                f"{type(module).__name__}(momentum=None) at model.{path}: a cumulative average of the running "
+                "statistics", location=where or caller_location()))
+    return problems
+
+
 def check_optimizer(optimizer: torch.optim.Optimizer | None) -> list[CompileError]:
     """The optimizer's type must be one the system has."""
     if optimizer is None or legacy_type_of(optimizer) is not None:
@@ -67,10 +83,14 @@ def has_lr_scheduler(optimizer: torch.optim.Optimizer) -> bool:
     return any("initial_lr" in g for g in optimizer.param_groups)
 
 
-def check_lr_schedulers(optimizer: torch.optim.Optimizer | None, schedulers: Sequence[Any] = ()) -> list[CompileError]:
+def check_lr_schedulers(optimizer: torch.optim.Optimizer | None,
+                        schedulers: Sequence[Any] | None = ()) -> list[CompileError]:
     """Torch lr_scheduler objects the caller passes are refused unless the device runs them
     (:mod:`csrun.compiler.lr_schedulers`; the caller then compiles their schedule); one found
-    attached to the optimizer that the caller did not pass is refused."""
+    attached to the optimizer that the caller did not pass is refused. ``schedulers`` None: the
+    host computes each step's learning rate (the driver's device path), nothing to check."""
+    if schedulers is None:
+        return []
     problems: list[CompileError] = []
     for s in schedulers:
         try:
@@ -231,13 +251,14 @@ def check_batch(batch: Any, spec: ProgramSpec) -> None:
 
 
 def run_checks(*, model: torch.nn.Module, settings: CompileSettings, optimizer: torch.optim.Optimizer | None = None,
-               lr_schedulers: Iterable[Any] = (), dataloader: Any = None) -> list[CompileError]:
+               lr_schedulers: Iterable[Any] | None = (), dataloader: Any = None) -> list[CompileError]:
     """All graph-free checks, every problem collected."""
     problems = check_mode(settings)
     if settings.program_mode == "train":
         problems += check_optimizer(optimizer)
-        problems += check_lr_schedulers(optimizer, list(lr_schedulers))
+        problems += check_lr_schedulers(optimizer, None if lr_schedulers is None else list(lr_schedulers))
         problems += check_lazy_state(optimizer)
+        problems += check_batch_norm(model)
     problems += check_precision(model, settings)
     problems += check_dataloader(dataloader)
     return problems

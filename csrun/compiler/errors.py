@@ -130,6 +130,14 @@ class LazyOptimizerState(CompileError):
            "every step")
 
 
+class CumulativeBatchNorm(CompileError):
+    """A batch norm with ``momentum=None`` (a cumulative average) in a training step."""
+
+    fix = ("its running statistics divide by the number of batches seen as a Python number at every step, which "
+           "the compiled step cannot do; give it a momentum (momentum=0.1, torch's default), or a momentum that "
+           "approximates the average over the run")
+
+
 class WeightsNotFloat32(CompileError):
     """Model weights that are not float32 while mixed precision is on."""
 

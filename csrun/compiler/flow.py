@@ -35,7 +35,7 @@ from csrun.compiler.cache.program_io import PROGRAM_FILE, save_program
 from csrun.compiler.capture import capture, input_schema
 from csrun.compiler.checks import run_checks
 from csrun.compiler.costs import layer_costs
-from csrun.compiler.errors import CompileError, ConfigError, ModelDoesNotFit, Problem
+from csrun.compiler.errors import CompileError, ConfigError, CumulativeBatchNorm, ModelDoesNotFit, Problem
 from csrun.compiler.locate import caller_location
 from csrun.compiler.optim import group_learning_rates, legacy_type_of, optimizer_spec_from_torch
 from csrun.compiler.placement import Plan, place
@@ -135,7 +135,7 @@ def target_text(settings: CompileSettings, memoryx: MemoryXSpec) -> str:
 
 
 def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optimizer: torch.optim.Optimizer | None,
-         lr_schedulers: Iterable[Any], dataloader: Any, validate: bool, model_dir: str | None, compile_dir: str | None,
+         lr_schedulers: Iterable[Any] | None, dataloader: Any, validate: bool, model_dir: str | None, compile_dir: str | None,
          wafer: WaferSpec, reuse_by_source: bool, console: Console | None, step_key: str = "",
          memoryx: MemoryXSpec = MEMORYX) -> CompileResult:
     t0 = time.perf_counter()
@@ -154,6 +154,11 @@ def _run(model: torch.nn.Module, batch: Any, *, settings: CompileSettings, optim
             hit.seconds = time.perf_counter() - t0
             _finish(hit, console)
             return hit
+    if any(isinstance(p, CumulativeBatchNorm) for p in problems):  # the capture would fail on it again, less clearly
+        result = CompileResult(ok=False, validate_only=validate, problems=problems, spec=None)
+        result.seconds = time.perf_counter() - t0
+        _finish(result, console)
+        return result
     cap = capture(model, batch, settings=settings)
     problems += cap.problems
     result = CompileResult(ok=False, validate_only=validate, problems=problems, spec=cap.spec,
@@ -259,13 +264,14 @@ def _finish(result: CompileResult, console: Console | None) -> None:
 
 
 def validate_only(model: torch.nn.Module, batch: Any, *, settings: CompileSettings,
-                  optimizer: torch.optim.Optimizer | None = None, lr_schedulers: Iterable[Any] = (),
+                  optimizer: torch.optim.Optimizer | None = None, lr_schedulers: Iterable[Any] | None = (),
                   dataloader: Any = None, console: Console | None = None) -> CompileResult:
     """Capture the step and run every check; no placement, nothing written.
 
     ``batch`` is one batch as the model's forward receives it; ``optimizer`` (a torch
     optimizer object) fills the optimizer spec when ``settings.optimizer`` is None;
-    ``lr_schedulers`` are torch schedulers the caller knows of (refused); ``dataloader`` is
+    ``lr_schedulers`` are torch schedulers the caller knows of (refused; None: the host computes the
+    learning rate of each step and hands it to the device); ``dataloader`` is
     checked for short last batches. ``console``: where messages go (None: silent).
     """
     return _run(model, batch, settings=settings, optimizer=optimizer, lr_schedulers=lr_schedulers,
@@ -275,7 +281,7 @@ def validate_only(model: torch.nn.Module, batch: Any, *, settings: CompileSettin
 
 def compile_only(model: torch.nn.Module, batch: Any, *, settings: CompileSettings,
                  model_dir: str | None = None, compile_dir: str | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, lr_schedulers: Iterable[Any] = (),
+                 optimizer: torch.optim.Optimizer | None = None, lr_schedulers: Iterable[Any] | None = (),
                  dataloader: Any = None, wafer: WaferSpec = WSE2, reuse_by_source: bool = True,
                  console: Console | None = None, step_key: str = "", memoryx: MemoryXSpec = MEMORYX) -> CompileResult:
     """Capture, check, place on the wafer model and write (or reuse) the compile directory.

@@ -115,3 +115,20 @@ def definition_location(obj: object) -> Location | None:
     if filename is None:
         return None
     return location_of(filename, lineno, getattr(obj, "__qualname__", ""))
+
+
+def attribute_location(cls: type, name: str) -> Location | None:
+    """Where a class's own source assigns ``self.<name>`` (the line that makes a submodule), or None."""
+    for klass in cls.__mro__:
+        if not is_user_file(getattr(sys.modules.get(klass.__module__), "__file__", "") or ""):
+            continue
+        try:
+            lines, start = inspect.getsourcelines(klass)
+            filename = inspect.getsourcefile(klass)
+        except (OSError, TypeError):
+            continue
+        for i, text in enumerate(lines):
+            stripped = text.strip()
+            if stripped.startswith(f"self.{name}") and "=" in stripped.split("(")[0] and filename:
+                return location_of(filename, start + i, "__init__")
+    return None

@@ -9,7 +9,7 @@ each type keeps (for the wafer memory budget).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import torch
 
@@ -17,13 +17,15 @@ from csrun.compiler.errors import ConfigError, Location, UnsupportedOptimizer
 from csrun.compiler.locate import caller_location, definition_location
 from csrun.compiler.spec import OptimizerSpec
 from csrun.program import optimizers as table
+from csrun.program.optimizer_classes import TENSOR_LR
 from csrun.program.optimizer_config import OptimizerConfig, read_optimizer_section
 
 _IMPLEMENTATION_KEYS = frozenset({
     "params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable", "decoupled_weight_decay",
 })
 """param_group keys that are not hyperparameters of the update rule (``decoupled_weight_decay``
-is carried by the type instead: torch's Adam with it on is AdamW)."""
+is carried by the type instead: torch's Adam with it on is AdamW; NAdam's and RAdam's is a
+hyperparameter: :attr:`csrun.program.optimizers.Optimizer.decoupled_flag`)."""
 
 def legacy_type_of(optimizer: torch.optim.Optimizer) -> str | None:
     """The legacy type of a torch optimizer object, or None when the system has none.
@@ -63,10 +65,12 @@ def _json_value(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
-def _hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
+def _hyperparameters(group: Mapping[str, Any], known: Collection[str]) -> dict[str, Any]:
+    """A param group's hyperparameters: the keys its optimizer's ``defaults`` name (an LR scheduler
+    keeps its own bookkeeping in the groups too: ``initial_lr``, ``max_lr``, ``base_momentum`` ...)."""
     out: dict[str, Any] = {}
     for k, v in group.items():
-        if k in _IMPLEMENTATION_KEYS:
+        if k in _IMPLEMENTATION_KEYS or k not in known:
             continue
         try:
             out[k] = _json_value(v)
@@ -110,14 +114,20 @@ def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.
             "SGD with momentum and dampening: torch starts the momentum from the first gradient undamped, the "
             "system's optimizer state exists before the first step (so the first step would be damped)",
             fix="use dampening=0 (the system's SGD), or no momentum", location=caller_location())
-    base = {**_hyperparameters(groups[0]), **getattr(type(optimizer), "legacy_hyperparameters", {})}
+    known = set(optimizer.defaults)
+    base = {**_hyperparameters(groups[0], known), **getattr(type(optimizer), "legacy_hyperparameters", {})}
+    if table.OPTIMIZERS[kind].decoupled_flag and groups[0].get("decoupled_weight_decay"):
+        base["decoupled_weight_decay"] = True
+    lr = groups[0].get("lr")
+    if isinstance(lr, torch.Tensor):
+        base[TENSOR_LR] = str(lr.dtype).removeprefix("torch.")
     if learning_rates is not None and len(learning_rates) != len(groups):
         raise ValueError(f"{len(learning_rates)} learning rates for {len(groups)} param groups")  # a csrun bug
     names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
     param_groups: list[dict[str, Any]] = []
     index = 0
     for i, g in enumerate(groups):
-        hp = _hyperparameters(g)
+        hp = _hyperparameters(g, known)
         entry: dict[str, Any] = {k: v for k, v in hp.items() if base.get(k) != v}
         if learning_rates is not None and learning_rates[i] != learning_rates[0]:
             entry["learning_rate"] = learning_rates[i]

@@ -30,6 +30,8 @@ other read of a gradient) stops at its line instead of clipping nothing.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
@@ -189,16 +191,37 @@ class DeviceGradient(torch.Tensor):
         if name in _META:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
-        raise ClippingError(
-            f"{at(caller_location())}this reads a weight's gradient (.grad): on the device the gradients exist only "
-            "inside the step's program. Clip with torch.nn.utils.clip_grad_norm_ / clip_grad_value_ looked up after "
-            "csrun is imported (the program then clips; a name bound by 'from torch.nn.utils import ...' before "
-            "importing csrun is torch's own, which reads the gradients), and read gradient figures in a step "
-            "closure from what the step returns")
+        raise ClippingError(f"{at(caller_location())}{_gradient_reader()}")
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         raise ClippingError(f"{at(caller_location())}{func} read a weight's gradient, which exists only on the device")
+
+
+_GRAD_SCALER = os.path.join("torch", "amp", "grad_scaler.py")
+
+
+def _gradient_reader() -> str:
+    """Why a read of a weight's gradient is refused, named by who reads it: torch's GradScaler, an
+    optimizer other than the wrapped one, or the script itself."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        own = frame.f_locals.get("self") if frame.f_code.co_name in ("step", "unscale_", "_unscale_grads_") else None
+        if frame.f_code.co_filename.endswith(_GRAD_SCALER):
+            return ("torch.amp.GradScaler reads the weights' gradients to unscale them, but on the device the loss "
+                    "scaling is the device's own and the gradients exist only inside the step's program: use "
+                    "cbtorch.amp.GradScaler (cstorch.amp.GradScaler in the 2.x API) or the params' loss scaling "
+                    "(loss_scaling_factor), which the device applies")
+        if isinstance(own, torch.optim.Optimizer):
+            return (f"a second optimizer ({type(own).__module__}.{type(own).__qualname__}) reads the weights' "
+                    "gradients in its step(): the device runs one optimizer, the one given to cbtorch.optimizer(...), "
+                    "whose update is part of the step's program; put these weights in that optimizer's param groups "
+                    "(optimizer.add_param_group) instead of a second optimizer")
+        frame = frame.f_back  # type: ignore[assignment]
+    return ("this reads a weight's gradient (.grad): on the device the gradients exist only inside the step's program. "
+            "Clip with torch.nn.utils.clip_grad_norm_ / clip_grad_value_ looked up after csrun is imported (the "
+            "program then clips; a name bound by 'from torch.nn.utils import ...' before importing csrun is torch's "
+            "own, which reads the gradients), and read gradient figures in a step closure from what the step returns")
 
 
 def mark_gradients(weights: Iterable[torch.Tensor]) -> list[torch.Tensor]:

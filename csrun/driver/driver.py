@@ -68,6 +68,7 @@ from csrun.driver.batch_dtypes import widened
 from csrun.driver.clipping import Clip, ClippingError
 from csrun.driver.hooks import backward_hook_in, optimizer_hooks_on
 from csrun.driver.closures import ClosureRunner, StepClosure
+from csrun.driver.coherence import Coherence
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
 from csrun.driver.run_path import PathKind
@@ -75,9 +76,9 @@ from csrun.driver.recorded_step import Recording
 from csrun.driver.step_recording import StepRecorder
 from csrun.driver.step_values import GRAD_NORM, StepValue
 from csrun.driver.schedulers import SchedulerWatch
-from csrun.driver.state_view import StateView
+from csrun.driver.state_view import StateView, copy_into
 from csrun.driver.steps import StepOrder
-from csrun.driver.verify import StepCheck, StepFacts, draws_random
+from csrun.driver.verify import StepCheck, StepFacts, Verifier, draws_random
 from csrun.emulator.remote.auth_token import client_token
 from csrun.emulator.remote.client import RemoteDevice
 from csrun.emulator.remote.connect import connect_timeout
@@ -113,6 +114,9 @@ class PendingState:
     """Every model key must match."""
     load_optimizer: bool
     """Load optimizer state and loss scaler too (else weights only)."""
+    gradients_held: tuple[str, ...] | None = None
+    """The weights whose gradient eager PyTorch holds (as zeros after ``zero_grad(set_to_none=False)``),
+    carried from one training program to the next (None: none carried)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,6 +188,8 @@ class DeviceDriver:
         """A state to load with the next program."""
         self.train_state: Mapping[str, Any] | None = None
         """The training state kept aside while an eval program is loaded."""
+        self._train_held: tuple[str, ...] = ()
+        """The gradients eager holds, kept aside with :attr:`train_state`."""
         self.steps_taken = 0
         """Optimizer steps taken (plus a loaded state's): :meth:`global_step`."""
         self.order = StepOrder()
@@ -191,11 +197,15 @@ class DeviceDriver:
         self.recorders: dict[Mode, StepRecorder] = {"train": StepRecorder(notice=log.warning),
                                                     "eval": StepRecorder(notice=log.warning)}
         """One per mode: records the mode's first step, checks the later ones."""
+        for recorder in self.recorders.values():
+            recorder.predraw = options.num_csx <= 1  # a cluster's systems draw their own
         self.open_step: OpenStep | None = None
         """The step the loop is in (None between steps)."""
         self.steps_begun = 0
         self._model_forward: Callable[..., Any] | None = None
-        self.view = StateView(self)
+        self.coherence = Coherence(notice=log.warning)
+        """Keeps the device's copy of the host's state equal to it (:mod:`csrun.driver.coherence`)."""
+        self.view = StateView(self, self.coherence)
         """Keeps the user's model and optimizer showing the device's state."""
         self.schedulers: SchedulerWatch | None = None
         """The torch LR schedulers built on the wrapped optimizer."""
@@ -204,15 +214,12 @@ class DeviceDriver:
         self._marked: list[torch.Tensor] = []
         self._weight_ids: frozenset[int] = frozenset()
         """The wrapped model's weights (clipping calls on them are the step's)."""
-        self._verify_left = 0
-        """Steps of the loaded program still to check against eager PyTorch (:mod:`csrun.driver.verify`)."""
+        self.verifier = Verifier(options.verify_steps or 0, options.verify_every or 0)
+        """Which steps are checked against eager PyTorch (:mod:`csrun.driver.verify`)."""
         self._random = False
         """The loaded program draws random numbers."""
         self._step_rates: list[float] | None = None
         """Each group's learning rate when the open step called ``optimizer.step()`` (while checking)."""
-        self._skip_notices: set[str] = set()
-        self._checked_programs: set[str] = set()
-        """The recorded steps whose programs were checked against eager PyTorch (each once)."""
         """Weights whose ``.grad`` is a :class:`~csrun.driver.clipping.DeviceGradient` (the first step)."""
         self._atexit = False
         self.cluster = ClusterSteps(options.num_csx, log.warning) if options.num_csx > 1 else None
@@ -233,7 +240,7 @@ class DeviceDriver:
         own_zero_grad = model.zero_grad
 
         def zero_grad(set_to_none: bool = True) -> None:
-            driver.order.zero_grad()
+            driver.order.zero_grad(set_to_none)
             driver._unmark()
             with driver.view.internal():  # csrun's own walk over the weights, not the script's read
                 own_zero_grad(set_to_none)
@@ -247,6 +254,7 @@ class DeviceDriver:
         for recorder in self.recorders.values():
             recorder.watch = watch
         self.view.attach_model(model)
+        self.coherence.attach_model(model)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -258,15 +266,16 @@ class DeviceDriver:
             driver.optimizer_step()
 
         def zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
-            driver.order.zero_grad()
+            driver.order.zero_grad(set_to_none)
 
         step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # schedulers must not wrap it again
         # bound methods, as torch's schedulers expect (they read step.__func__)
         optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
         optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
         self.optimizer = optimizer
-        self.schedulers = SchedulerWatch(optimizer, self.order.scheduler_step)
+        self.schedulers = SchedulerWatch(optimizer)
         self.view.attach_optimizer(optimizer)
+        self.coherence.attach_optimizer(optimizer)
         return optimizer
 
     @contextlib.contextmanager
@@ -443,6 +452,8 @@ class DeviceDriver:
         if self.open_step is not None:
             self._dispatch()
         self.closures.settle()
+        with self.view.internal():
+            self._flush_edits()
         if self.device is not None and self.loaded is not None:
             self.device.synchronize()
 
@@ -466,17 +477,24 @@ class DeviceDriver:
                 args, kwargs = self._open((args, kwargs), implicit=True)
             step = self.open_step
             assert step is not None  # noqa: S101 - just opened
-        if step.calls == 0 and step.mode == "train":
-            self.order.forward(self.steps_begun)
+        if step.calls == 0:
+            if step.mode == "train":
+                self.order.forward(self.steps_begun)
+            with self.view.internal():
+                self.coherence.before_step(step.mode == "train")
         step.calls += 1
         if self._model_forward is None or self.model is None:
             raise DeviceUsageError("wrap the model with cbtorch.module(model) before calling it")
         if self.view.after_update:  # a call after optimizer.step(): its recording reads the CPU copies
             with self.view.internal():
-                return step.recorder.model_call(self.model, self._model_forward, args, kwargs,
-                                                on_backward=self._on_backward)
-        return step.recorder.model_call(self.model, self._model_forward, args, kwargs,
-                                        on_backward=self._on_backward)
+                out = step.recorder.model_call(self.model, self._model_forward, args, kwargs,
+                                               on_backward=self._on_backward)
+        else:
+            out = step.recorder.model_call(self.model, self._model_forward, args, kwargs,
+                                           on_backward=self._on_backward)
+        with self.view.internal():
+            self.coherence.after_call(step.recorder.recording_step)
+        return out
 
     def _dispatch(self) -> None:
         """End the open step: compile its recording (the mode's first step), send its inputs (the
@@ -488,9 +506,10 @@ class DeviceDriver:
         recording, values = step.recorder.end()
         if step.calls == 0:
             return  # a batch the loop did not use: nothing to run
-        if self.schedulers is not None and self.schedulers.schedulers:
-            self.order.check_scheduler_stepped()
-        plan = self._step_plan() if step.mode == "train" else FULL_STEP
+        trains = step.mode == "train"
+        with self.view.internal():
+            writes = self.coherence.at_boundary(trains)  # before a compile runs the model again
+        plan = self._step_plan() if trains else FULL_STEP
         inputs = values.inputs
         if self.options.path.compiles_only:
             self._compile_and_exit(inputs, recording)
@@ -500,53 +519,60 @@ class DeviceDriver:
         if step.recorder.recording is None:
             step.recorder.compiled(recording)
         loaded = self.loaded
-        if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature():
+        if loaded is None or loaded.mode != step.mode or loaded.step != recording.signature() or \
+                (trains and self.coherence.recompile_due):
             self._compile_and_load(inputs, step.mode, recording)
-        check = self._start_check(step, recording, plan, inputs) if self._verify_left > 0 else None
-        handle = self._device().submit(batch, plan)
+        device = self._device()
+        if trains:
+            with self.view.internal():
+                plan = self.coherence.plan(plan, device.state_dict)
+        if writes is not None:  # the host's edits, before the step (after every step sent before it)
+            device.load_state_dict(writes, strict=False, load_optimizer=False)
+        check = None
+        if self.verifier.wants(self.steps_begun):
+            check = self.verifier.start(self.steps_begun, self._unchecked_because(step, plan),
+                                        lambda: self._start_check(step, recording, plan, inputs))
+            if check is not None and plan.update:
+                plan = replace(plan, report_gradients=True)
+        handle = device.submit(batch, plan)
+        self.coherence.sent(trains)
         if check is not None:
-            self._verify_left -= 1
-            device = self._device()
             device.synchronize()
             with self.view.internal():
-                if not check.finish(handle.result(), device.state_dict()):
-                    self._verify_left = 0
+                self.verifier.finished(check.finish(handle.result(), device.state_dict()))
         values.inputs = ()  # the device has them: a step value kept for a later closure must not keep the batch
         values.outputs = handle.result
-        if step.mode == "train":
+        if trains:
             self.view.stale = True
 
     def _start_check(self, step: OpenStep, recording: Recording, plan: StepPlan,
                      inputs: tuple[torch.Tensor, ...]) -> StepCheck | None:
-        """A check of this step against eager PyTorch (the device's state before it fetched now),
-        or None when this step cannot be checked (a notice says why, once)."""
-        reason = self._unchecked_because(step, plan)
+        """A check of this step against eager PyTorch (the device's state before it fetched now)."""
         model, loaded = self.model, self.loaded
-        if reason or model is None or loaded is None:
-            self._verify_left = 0
-            reason = reason or "the model is not wrapped"
-            if reason not in self._skip_notices:
-                self._skip_notices.add(reason)
-                log.warning("step %d is not checked against eager PyTorch: %s", self.steps_begun, reason)
+        if model is None or loaded is None:
             return None
         settings = self.options.settings or CompileSettings()
+        trains = step.mode == "train"
         facts = StepFacts(number=self.steps_begun, mode=step.mode, recording=recording, inputs=inputs, plan=plan,
                           precision=loaded.spec.precision, learning_rates=self._step_rates,
                           schedule=settings.learning_rate if settings.learning_rate not in (None, 0, 0.0) else None,
                           settings_clip=(settings.max_gradient_norm, settings.max_gradient_value),
-                          stepped_at=self.order.stepped_at)
+                          stepped_at=self.order.stepped_at,
+                          group_values=self.coherence.groups.last if trains and self.coherence.groups else [])
         with self.view.internal():
-            return StepCheck(facts, model, self.optimizer if step.mode == "train" else None,
-                             self._device().state_dict(), self.view)
+            return StepCheck(facts, model, self.optimizer if trains else None, self._device().state_dict(), self.view)
 
     def _unchecked_because(self, step: OpenStep, plan: StepPlan) -> str:
         """Why this step cannot be checked against eager PyTorch ("" when it can)."""
         device = self._device()
+        if self.model is None or self.loaded is None:
+            return "the model is not wrapped"
         if self.cluster is not None:
             return (f"on a cluster of {self.cluster.num_csx} systems a step trains on {self.cluster.num_csx} batches, "
                     "and the check runs eager PyTorch on one")
         if self._random and not (isinstance(device, EmbeddedDevice) and device.device.type == "cpu"):
-            return "it draws random numbers (dropout), which only the in-process CPU emulator draws as eager does"
+            return ("it draws random numbers from values the device computes (not dropout, which the host draws): "
+                    "only the in-process CPU emulator draws those as eager does")
         if step.mode == "train" and plan.backward and not plan.clear_grads:
             return "it adds to gradients earlier steps accumulated, which are not part of the device's state"
         return ""
@@ -564,6 +590,7 @@ class DeviceDriver:
             self.view.after_update = True
         if self.optimizer is not None:  # what the script's optimizer would use (the check's eager step)
             self._step_rates = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self.coherence.stepped(self.order.stepped_at)
         self.steps_taken += 1
 
     def global_step(self) -> int:
@@ -595,15 +622,11 @@ class DeviceDriver:
         settings = self.options.settings if self.options.settings is not None else CompileSettings()
         if settings.mode in ("train", "eval") and settings.mode != mode:
             settings = replace(settings, mode=mode)
-        scheduled = self.schedulers.learning_rates() if self.schedulers is not None and mode == "train" else None
-        if scheduled is not None:
-            if settings.learning_rate not in (None, 0.0):
-                raise DeviceUsageError("a torch LR scheduler and a learning_rate schedule in the compile settings: "
-                                       "give one of them")
-            settings = replace(settings, learning_rate=scheduled[0])
+        if mode == "train" and self.schedulers is not None and not self._host_learning_rate():
+            self.schedulers.refuse_beside(settings.learning_rate)
         if mode == "train" and self.optimizer is not None and self.model is not None:
             try:
-                settings = settings_with_optimizer(settings, self.optimizer, self.model, learning_rates=scheduled)
+                settings = settings_with_optimizer(settings, self.optimizer, self.model)
             except (TypeError, ValueError):
                 pass  # the compiler reports it
         return settings
@@ -618,18 +641,15 @@ class DeviceDriver:
         with self.view.internal(), self._user_objects(recording):
             if validate:
                 result = validate_step(self.model, batch, settings=self.settings_for(mode), optimizer=optimizer,
-                                       dataloader=loader, console=console, lr_schedulers=self._scheduler_list())
+                                       dataloader=loader, console=console, lr_schedulers=None)
             else:
                 result = compile_only(self.model, batch, settings=self.settings_for(mode),
                                       model_dir=self.options.model_dir, compile_dir=self.options.compile_dir,
                                       optimizer=optimizer, dataloader=loader, console=console,
-                                      lr_schedulers=self._scheduler_list(),
+                                      lr_schedulers=None,
                                       step_key=recording.signature())
         self.compile_info = from_result(result, mode)
         return result
-
-    def _scheduler_list(self) -> list[Any]:
-        return list(self.schedulers.schedulers) if self.schedulers is not None else []
 
     def compile_step(self, *, validate: bool) -> bool:
         """R1.6's ``cbtorch.compile(validate_only=)`` on a compile-only run: compile (or only
@@ -665,9 +685,7 @@ class DeviceDriver:
                 raise RuntimeError("csrun: a cache hit without its directory or the model")  # a csrun bug
             program, _ = load_program(directory, weights=model.state_dict())
         loaded = LoadedProgram(mode=mode, spec=spec, step=recording.signature())
-        fresh = loaded.step not in self._checked_programs  # a program loaded again (a flag switched back) is not
-        self._checked_programs.add(loaded.step)            # checked again: each program's first steps are
-        self._verify_left = (self.options.verify_steps or 0) if fresh else 0
+        self.verifier.program_loaded(loaded.step)  # a program loaded again (a flag switched back) is not checked again
         self._random = draws_random(program)
         t0 = time.perf_counter()
         device.load(program, loaded.spec)
@@ -675,17 +693,28 @@ class DeviceDriver:
         if self.pending is not None:
             pending, self.pending = self.pending, None
             self._load_onto_device(pending)
+        self.coherence.loaded(trains=mode == "train", host_lr=self._host_learning_rate(),
+                              host_current=not self.view.stale)
         if self.compile_info is not None:
             self.compile_info = replace(self.compile_info, programming_time=time.perf_counter() - t0)
         return loaded
 
+    def _host_learning_rate(self) -> bool:
+        """Whether each update takes the script's ``lr`` (no compile setting schedules it:
+        :mod:`csrun.driver.coherence.hyperparameters`)."""
+        settings = self.options.settings
+        return settings is None or settings.learning_rate in (None, 0, 0.0)
+
     def _carry_over(self, mode: Mode) -> PendingState:
-        """Switching programs (train <-> eval): the weights (and training state) to load into the next."""
+        """Switching programs (train <-> eval, or another train program): the weights (and training
+        state, and the gradients eager holds) to load into the next."""
         current = self.get_state()
-        if self.loaded is not None and self.loaded.mode == "train":
+        if self.loaded is not None and self.loaded.mode == "train" and self.device is not None:
             self.train_state = current
+            self._train_held = tuple(self.device.state_dict().get("gradients_held") or ())
         carried = self.train_state if mode == "train" and self.train_state is not None else current
-        return PendingState(state=carried, strict=False, load_optimizer=mode == "train")
+        return PendingState(state=carried, strict=False, load_optimizer=mode == "train",
+                            gradients_held=self._train_held if mode == "train" else None)
 
     def _device(self) -> Device:
         """The device, opened on first use (and closed at interpreter exit)."""
@@ -699,9 +728,18 @@ class DeviceDriver:
     # -- state --------------------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        """The legacy state; waits for every submitted step."""
+        """The legacy state (with the host's edits since the last step); waits for every submitted step."""
         with self.view.internal():
+            self._flush_edits()
             return self._get_state()
+
+    def _flush_edits(self) -> None:
+        """Write the host's edits made since the last step to the device (between steps)."""
+        if self.loaded is None or self.device is None or self.open_step is not None:
+            return
+        writes = self.coherence.flush()
+        if writes is not None:
+            self.device.load_state_dict(writes, strict=False, load_optimizer=False)
 
     def _get_state(self) -> dict[str, Any]:
         if self.loaded is None or self.device is None:
@@ -719,10 +757,14 @@ class DeviceDriver:
         return state
 
     def set_state(self, state: Mapping[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
-        """Load onto the device now, or when the program is loaded."""
+        """Load onto the device now, or when the program is loaded; the host copies of the weights
+        take the state's too (so a later edit on the host starts from them, as in eager PyTorch)."""
         with self.view.internal():
             self._set_state(state, strict=strict, load_optimizer=load_optimizer)
-        self.view.stale = self.loaded is not None
+            if self.model is not None:
+                copy_into(self.model, state["model"])
+        self.view.stale = False
+        self.coherence.state_loaded(host_current=True)
 
     def _set_state(self, state: Mapping[str, Any], *, strict: bool, load_optimizer: bool) -> None:
         state = legacy_state.check(state)
@@ -765,6 +807,8 @@ class DeviceDriver:
         device = self._device()
         dev = legacy_state.to_device(pending.state, device.state_dict(), self.model, self.optimizer,
                                      strict=pending.strict)
+        if pending.gradients_held is not None:
+            dev["gradients_held"] = list(pending.gradients_held)
         device.load_state_dict(dev, strict=False, load_optimizer=pending.load_optimizer)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from csrun.driver.run_path import RunPath
 from csrun.errors import UserError
 
 VERIFY_ENV = env_name("verify_steps")
+VERIFY_EVERY_ENV = env_name("verify_every")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +38,8 @@ class DeviceOptions:
     verify_steps: int | None = None
     """How many steps of each program the device checks against eager PyTorch (None:
     ``CSRUN_VERIFY_STEPS``, default 1; :mod:`csrun.driver.verify`)."""
+    verify_every: int | None = None
+    """The device checks one step in this many after those (None: ``CSRUN_VERIFY_EVERY``, default 0: none)."""
 
     @property
     def cs_ip(self) -> str | None:
@@ -67,8 +70,18 @@ class DeviceOptions:
 def verify_steps(given: int | None, environ: Mapping[str, str] | None = None) -> int:
     """How many steps of each program to check: ``given``, else ``CSRUN_VERIFY_STEPS``, else 1
     (the first step of every program is checked against eager PyTorch unless told otherwise)."""
+    return _count("verify_steps", given, "0 switches the check off", environ)
+
+
+def verify_every(given: int | None, environ: Mapping[str, str] | None = None) -> int:
+    """One step in how many to check later in a run: ``given``, else ``CSRUN_VERIFY_EVERY``, else 0 (none)."""
+    return _count("verify_every", given, "0: no sampled check", environ)
+
+
+def _count(name: str, given: int | None, zero: str, environ: Mapping[str, str] | None) -> int:
     if given is not None:
         if isinstance(given, bool) or not isinstance(given, int) or given < 0:
-            raise UserError(f"verify_steps={given!r}: give a number of steps >= 0 (0 switches the check off)")
+            raise UserError(f"{name}={given!r}: give a number of steps >= 0 ({zero})")
         return given
-    return env_settings(environ).verify_steps
+    value: int = getattr(env_settings(environ), name)
+    return value

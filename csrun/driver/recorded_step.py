@@ -17,8 +17,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 from csrun.compiler.errors import Location
-from csrun.driver import taps
+from csrun.compiler.python_globals import Guard, values_set
+from csrun.driver import autograd_calls, taps
 from csrun.driver.taps import Tap
+from csrun.driver.random_draws import Draw, Draws
 from csrun.driver.step_templates import constants, describe, describe_call, fill, flatten_output, has_slots, ref_indices
 from csrun.driver.step_values import StepValueError
 from csrun.emulator.engine.update_split import UPDATE_MARKER
@@ -46,9 +48,19 @@ class Entry:
     """Grad mode was on (under ``torch.no_grad()`` no gradient flows back through its results)."""
     modes: tuple[bool, ...] | None = None
     """A model call's module modes: ``training`` of each of ``model.modules()``."""
+    autocast: str | None = None
+    """The dtype of the script's ``torch.autocast("cpu", ...)`` around it (None: outside one): the
+    program runs it under the same autocast (:func:`autocast_state`)."""
     guards: dict[tuple[int, str], Any] | None = None
     """A model call's Python values: those the script has assigned to the model's modules
     (:mod:`csrun.compiler.python_state`), as they were when the call was recorded."""
+    globals: tuple[Guard, ...] = ()
+    """A model call's Python globals and closure variables its forward reads
+    (:mod:`csrun.compiler.python_globals`), as they were when the call was recorded."""
+    draws: tuple[Draw, ...] = ()
+    """A model call's random draws, made on the host (:mod:`csrun.driver.random_draws`)."""
+    draw_inputs: tuple[int, ...] | None = None
+    """The program inputs holding them, in order (None: the device draws the call's random numbers)."""
     guard_names: tuple[str, ...] = ()
     """``path.attribute = value`` of each guard, for the signature and messages."""
     taps: tuple[Tap, ...] = ()
@@ -103,6 +115,7 @@ class Recording:
         for e in self.entries:
             name = "model" if e.func is None else f"{getattr(e.func, '__module__', '')}.{getattr(e.func, '__qualname__', repr(e.func))}"
             how = (f"{' after update' if e.after_update else ''}{'' if e.grad else ' no_grad'}{describe_modes(e.modes)}"
+                   f"{' autocast ' + e.autocast if e.autocast else ''}"
                    f"{' with ' + ', '.join(e.guard_names) if e.guard_names else ''}")
             lines.append(f"{name}{describe(tuple(e.args))}{describe(e.kwargs)} -> {list(e.results)}{how}")
         lines.append(f"loss {self.loss} kept {list(self.kept)}")
@@ -174,12 +187,16 @@ class Recording:
                 updated = True
             args = fill(e.args, env.__getitem__, inputs)
             kwargs = fill(e.kwargs, env.__getitem__, inputs)
-            if e.func is None:
-                with _modes_set(modules, e.modes), _values_set(by_id, e.guards), taps.collecting() as found:
-                    out = call_model(*args, **kwargs)
-                out = taps.with_taps(out, found) if e.taps else out
-            else:
-                out = e.func(*args, **kwargs)
+            with _autocast(e.autocast):
+                if e.func is None:
+                    drawn = Draws.replaying([inputs[i] for i in e.draw_inputs]) if e.draw_inputs is not None \
+                        else contextlib.nullcontext()
+                    with _modes_set(modules, e.modes), _values_set(by_id, e.guards), values_set(e.globals), \
+                            drawn, autograd_calls.on_the_device(), taps.collecting() as found:
+                        out = call_model(*args, **kwargs)
+                    out = taps.with_taps(out, found) if e.taps else out
+                else:
+                    out = e.func(*args, **kwargs)
             leaves, _ = flatten_output(out)
             if not e.grad:
                 leaves = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
@@ -187,6 +204,22 @@ class Recording:
         if not updated:
             at_update(env)
         return {name: env[i] for i, name in self.output_names.items()}
+
+
+def autocast_state() -> str | None:
+    """The dtype of the ``torch.autocast("cpu", ...)`` the script is in (``bfloat16``), or None."""
+    if not torch.is_autocast_enabled("cpu"):
+        return None
+    return str(torch.get_autocast_dtype("cpu")).removeprefix("torch.")
+
+
+def _autocast(dtype: str | None) -> Any:
+    """The recorded call's autocast: the script's dtype, or none (switched off if the replay is in one)."""
+    if dtype is not None:
+        return torch.autocast("cpu", dtype=getattr(torch, dtype))
+    if torch.is_autocast_enabled("cpu"):
+        return torch.autocast("cpu", enabled=False)
+    return contextlib.nullcontext()
 
 
 def describe_modes(modes: tuple[bool, ...] | None) -> str:

@@ -1,4 +1,4 @@
-"""torch LR schedulers on a wrapped optimizer: seen when created, refused when the device cannot run them.
+"""torch LR schedulers on a wrapped optimizer: seen when created, run on the host as in eager PyTorch.
 
 A script builds its scheduler before or after ``cbtorch.optimizer(opt)``; either way the
 driver learns of it:
@@ -9,13 +9,13 @@ driver learns of it:
 * **before wrapping**: wrapping looks for schedulers already built on the optimizer (the
   objects that refer to it).
 
-The watcher refuses a scheduler the device cannot run right there, with
-:class:`~csrun.compiler.errors.LRSchedulerNotSupported` and the fix (see
-:mod:`csrun.compiler.lr_schedulers`), and makes each kept scheduler's ``step()`` an order check
-(after ``optimizer.step()``, as torch wants) that also runs torch's own step, so the CPU copy's
-``get_last_lr()`` follows the device's schedule. The schedule itself is compiled from the
-scheduler (:func:`csrun.compiler.lr_schedulers.learning_rate_of`): the device computes the
-learning rate from the global step.
+A torch scheduler runs on the host, unchanged: its ``step()`` writes each group's ``lr`` as in
+eager PyTorch, and every update on the device takes the ``lr`` the script's group holds at
+``optimizer.step()`` (:mod:`csrun.driver.coherence.hyperparameters`). So every scheduler torch
+has (``LambdaLR``, ``OneCycleLR``, ``ReduceLROnPlateau`` on a metric read in a closure, Hugging
+Face's ``get_*_schedule_with_warmup``, a schedule stepped per epoch) trains as it does eagerly.
+The one thing refused is a torch scheduler beside a compiled schedule (a params
+``learning_rate`` schedule, a cstorch scheduler): two owners of one learning rate.
 """
 
 from __future__ import annotations
@@ -28,64 +28,33 @@ import torch
 from torch.optim import lr_scheduler as torch_sched
 
 from csrun.compiler.errors import LRSchedulerNotSupported
-from csrun.compiler.lr_schedulers import check_scheduler, learning_rates_of
 
 _WATCH_ATTR = "_csrun_scheduler_watch"
 """The optimizer attribute holding what a new scheduler on it is handed to."""
-_OWN_STEP = "_csrun_own_step"
 _installed = False
-_constructing = 0
-"""Depth of scheduler constructors running: their own calls of ``step()`` are not the loop's."""
 
 
 class SchedulerWatch:
-    """The schedulers of one wrapped optimizer (see the module manual)."""
+    """The torch schedulers of one wrapped optimizer (see the module manual)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, on_step: Callable[[], None]) -> None:
-        """``on_step``: the order check a scheduler's ``step()`` runs first."""
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         self.schedulers: list[Any] = []
-        self._on_step = on_step
         announce_schedulers(optimizer, self.add)
 
     def add(self, scheduler: Any) -> None:
-        """A scheduler built on the optimizer: refused now, or kept with an order-checked ``step()``."""
-        if any(s is scheduler for s in self.schedulers):
-            return
-        check_scheduler(scheduler)
-        for child in getattr(scheduler, "_schedulers", ()):  # the composite's step() steps them
-            own = child.__dict__.pop(_OWN_STEP, None)
-            if own is not None:
-                child.step = own
-        own_step = scheduler.step
-        on_step = self._on_step
+        """A scheduler built on the optimizer."""
+        if not any(s is scheduler for s in self.schedulers):
+            self.schedulers.append(scheduler)
 
-        @functools.wraps(own_step)
-        def step(*args: Any, **kwargs: Any) -> Any:
-            if not _constructing:
-                on_step()
-            return own_step(*args, **kwargs)
-
-        scheduler.__dict__[_OWN_STEP] = own_step
-        scheduler.step = step
-        self.schedulers.append(scheduler)
-
-    def top_level(self) -> list[Any]:
-        """The kept schedulers that are not children of a SequentialLR / ChainedScheduler."""
-        children = {id(c) for s in self.schedulers for c in getattr(s, "_schedulers", ())}
-        return [s for s in self.schedulers if id(s) not in children]
-
-    def learning_rates(self) -> list[Any] | None:
-        """The legacy ``learning_rate`` the kept schedulers amount to, one per param group (None
-        when there are none)."""
-        top = self.top_level()
-        if not top:
-            return None
-        if len(top) > 1:
-            names = ", ".join(type(s).__name__ for s in top)
-            raise LRSchedulerNotSupported(f"{len(top)} schedulers step one optimizer ({names})",
-                                          fix="combine them with ChainedScheduler([...]) or SequentialLR([...], milestones)")
-        return learning_rates_of(top[0])
+    def refuse_beside(self, schedule: Any) -> None:
+        """Refuse the kept schedulers when the compile settings schedule the learning rate too."""
+        if self.schedulers:
+            names = ", ".join(sorted({type(s).__name__ for s in self.schedulers}))
+            raise LRSchedulerNotSupported(
+                f"a torch LR scheduler ({names}) and a learning_rate schedule in the compile settings "
+                f"({schedule!r}) both set the learning rate",
+                fix="give one of them: the torch scheduler (it runs on the host, as in eager PyTorch), or the schedule")
 
 
 def announce_schedulers(optimizer: torch.optim.Optimizer, add: Callable[[Any], None]) -> None:
@@ -94,7 +63,8 @@ def announce_schedulers(optimizer: torch.optim.Optimizer, add: Callable[[Any], N
     _install()
     setattr(optimizer, _WATCH_ATTR, add)
     for obj in gc.get_referrers(optimizer):
-        if isinstance(obj, torch_sched.LRScheduler) and getattr(obj, "optimizer", None) is optimizer:
+        if isinstance(obj, (torch_sched.LRScheduler, torch_sched.ReduceLROnPlateau)) \
+                and getattr(obj, "optimizer", None) is optimizer:
             add(obj)
 
 
@@ -112,12 +82,7 @@ def _install() -> None:
 def _announcing(init: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        global _constructing
-        _constructing += 1
-        try:
-            init(self, *args, **kwargs)
-        finally:
-            _constructing -= 1
+        init(self, *args, **kwargs)
         add = getattr(getattr(self, "optimizer", None), _WATCH_ATTR, None)
         if callable(add):
             add(self)

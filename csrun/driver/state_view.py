@@ -16,6 +16,9 @@ them coherent:
   ``optimizer.step()`` in the same step is refused at its line (:class:`ReadAfterUpdate`): eager
   PyTorch would show the weights that step updated, which exist on the device only once the
   step has run (a step closure sees them).
+* **Changes.** What the script changes in the host copies (an edit of a weight, a
+  ``requires_grad_``) is for :mod:`csrun.driver.coherence` to carry to the device: the view tells
+  its listener when the copies are refreshed or loaded, and when ``requires_grad_`` is called.
 * **Loads.** ``model.load_state_dict(...)`` and ``optimizer.load_state_dict(...)`` load the CPU
   copies as torch does, then the device's copy (now when a program is loaded, else with the
   program when it is).
@@ -42,6 +45,23 @@ class ReadAfterUpdate(UserError):
     """The model's weights (or the optimizer's state) read after ``optimizer.step()`` in the same step."""
 
 
+class SyncListener(Protocol):
+    """Who hears when the host copies and the device's state are made equal (the driver's
+    :class:`~csrun.driver.coherence.Coherence`)."""
+
+    def before_refresh(self) -> None:
+        """The host copies are about to be overwritten with the device's values."""
+
+    def refreshed(self, values: Mapping[str, torch.Tensor]) -> None:
+        """The host copies now hold ``values`` (the model's state by name), the device's."""
+
+    def state_loaded(self, *, host_current: bool) -> None:
+        """A state was loaded into the device and the host copies."""
+
+    def trainable_changed(self) -> None:
+        """The script called ``requires_grad_`` on one of the model's modules (at the caller's line)."""
+
+
 class StateSource(Protocol):
     """What the view needs from the driver."""
 
@@ -61,8 +81,9 @@ _CLASSES: dict[type, type] = {}
 class StateView:
     """Keeps one wrapped model and optimizer coherent with the device (see the module manual)."""
 
-    def __init__(self, source: StateSource) -> None:
+    def __init__(self, source: StateSource, listener: SyncListener | None = None) -> None:
         self._source = source
+        self.listener = listener
         self._internal = 0
         self.stale = False
         """The device has run steps since the CPU copies were last refreshed."""
@@ -95,16 +116,16 @@ class StateView:
         if not self.stale or self._internal or self.model is None:
             return
         with self.internal():
+            if self.listener is not None:
+                self.listener.before_refresh()
             state = self._source.device_state()
             if state is None:
                 return
             self.stale = False
-            own = dict(self.model.state_dict(keep_vars=True))
-            with torch.no_grad():
-                for name, value in state.get("model", {}).items():
-                    target = own.get(name)
-                    if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor) and target.shape == value.shape:
-                        target.copy_(value.to(target.dtype))
+            values = state.get("model", {})
+            copy_into(self.model, values)
+            if self.listener is not None:
+                self.listener.refreshed(values)
 
     # -- the model ----------------------------------------------------------------------------
 
@@ -121,6 +142,8 @@ class StateView:
             with self.internal():
                 self._source.load_model_state(state, strict)
             self.stale = False
+            if self.listener is not None:
+                self.listener.state_loaded(host_current=True)
 
     # -- the optimizer ------------------------------------------------------------------------
 
@@ -148,6 +171,16 @@ class StateView:
 
         optimizer.state_dict = state_dict  # type: ignore[method-assign]
         optimizer.load_state_dict = load_state_dict  # type: ignore[method-assign,assignment]
+
+
+def copy_into(model: torch.nn.Module, values: Mapping[str, Any]) -> None:
+    """Copy ``values`` (a model state by name) into the model's tensors in place, where the shapes fit."""
+    own = dict(model.state_dict(keep_vars=True))
+    with torch.no_grad():
+        for name, value in values.items():
+            target = own.get(name)
+            if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor) and target.shape == value.shape:
+                target.copy_(value.to(target.dtype))
 
 
 def _view_of(module: torch.nn.Module) -> StateView | None:
@@ -190,9 +223,16 @@ def _coherent_class(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
             view.model_loaded(state_dict, strict)
         return result
 
+    def requires_grad_(self: torch.nn.Module, requires_grad: bool = True) -> Any:
+        view = _view_of(self)
+        if view is not None and view.listener is not None:
+            view.listener.trainable_changed()
+        with view.internal() if view is not None else contextlib.nullcontext():
+            return cls.requires_grad_(self, requires_grad)
+
     made = type(cls.__name__, (cls,), {
         "__getattr__": __getattr__, "state_dict": state_dict, "_named_members": _named_members,
-        "load_state_dict": load_state_dict, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "load_state_dict": load_state_dict, "requires_grad_": requires_grad_, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
     })
     _CLASSES[cls] = made

@@ -59,10 +59,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from csrun.compiler.capture import tensors_put_back
+from csrun.compiler.errors import at
 from csrun.compiler.locate import caller_location
+from csrun.compiler import python_globals
+from csrun.compiler.python_globals import GlobalReads
 from csrun.compiler.python_state import PythonStateWatch, describe_change
-from csrun.driver import taps
-from csrun.driver.recorded_step import Entry, Recording, describe_meta, describe_modes
+from csrun.driver import autograd_calls, random_draws, taps
+from csrun.driver.recorded_step import Entry, Recording, autocast_state, describe_meta, describe_modes
 from csrun.driver.step_templates import constants, describe_call, flatten_output, has_refs, matches, ref_indices, sketch, template
 from csrun.driver.step_values import (DEVICE_MOVES, READS, StepChanged, StepState, StepValue, StepValueError, cpu_values,
                                       inside_closure, read_value)
@@ -95,6 +98,9 @@ class StepRecorder:
         """Values of the open step that see the updated weights."""
         self._modules: dict[int, list[torch.nn.Module]] = {}
         self._modes_seen: dict[int, tuple[int, tuple[bool, ...]]] = {}
+        self.predraw = True
+        """The host makes the step's random draws (:mod:`csrun.driver.random_draws`); off on a
+        cluster, whose systems draw their own."""
 
     # -- the step's life ----------------------------------------------------------------------
 
@@ -248,36 +254,57 @@ class StepRecorder:
             self._on_backward = on_backward
         watch = self._watch(model)
         modes = self._modes(model, watch)
-        if self._draft is None and watch.version != self._guard_version:
+        if self._draft is None and (watch.version != self._guard_version or self._reads_globals()):
             self._check_guards(model, watch)
         entry: Entry | None
         if self._draft is not None:
-            with _shadow_run(model), torch.no_grad(), taps.collecting() as found:
+            reads = GlobalReads()
+            with _shadow_run(model, self.predraw) as drawn, torch.no_grad(), taps.collecting() as found, \
+                    reads.watching():
                 out = forward(*cpu_values(args), **cpu_values(kwargs))
             result = self._record(None, args, kwargs, taps.with_taps(out, found), modes)
             recorded = self._draft.entries[-1]
+            if drawn is not None:
+                recorded.draws = tuple(spec for spec, _ in drawn.made)
+                recorded.draw_inputs = tuple(self._drawn_input(noise) for _, noise in drawn.made)
             recorded.guards = watch.guards()
-            recorded.guard_names = self._guard_names(model, recorded.guards)
+            recorded.globals = reads.guards()
+            recorded.guard_names = self._guard_names(model, recorded.guards) + \
+                tuple(sorted(f"{g.describe()}={g.value!r}" for g in recorded.globals))
             recorded.taps = tuple(found)
             entry = recorded
             self._guard_version = watch.version
         else:
             result = self._check(None, args, kwargs, modes)
             entry = self.recording.entries[self._pos - 1] if self.recording is not None else None
+            for spec in entry.draws if entry is not None else ():  # in program order, as eager's call draws
+                self._drawn_input(random_draws.draw(spec))
         if entry is not None and entry.taps:  # csrun.driver.taps: the forward's metric updates
             result, tapped = result
             taps.queue_all(entry.taps, tapped)
         return result
+
+    def _drawn_input(self, noise: torch.Tensor) -> int:
+        """A model call's random draw, made on the host: the step's next input."""
+        assert self._step is not None  # noqa: S101 - the step is open
+        return self.consume_input(StepValue(self, self._step, -1, noise.shape, noise.dtype, noise, host=True))
 
     def _watch(self, model: torch.nn.Module) -> PythonStateWatch:
         if self.watch is None:
             self.watch = PythonStateWatch(model)
         return self.watch
 
+    def _reads_globals(self) -> bool:
+        """Whether the compiled call at this position reads Python globals (checked at every call)."""
+        recording = self.recording
+        return recording is not None and self._pos < len(recording.entries) and \
+            bool(recording.entries[self._pos].globals)
+
     def _check_guards(self, model: torch.nn.Module, watch: PythonStateWatch) -> None:
         """Before a model call of a later step: the Python values the script assigned since the
-        step was recorded must be those of the recorded call here. A changed one recompiles the
-        step (one notice naming the line that changed it), or, in the middle of a step, is refused."""
+        step was recorded, and the globals the forward reads, must be those of the recorded call
+        here. A changed one recompiles the step (one notice naming the line that changed it, or
+        the global), or, in the middle of a step, is refused."""
         recording = self.recording
         self._guard_version = watch.version
         if recording is None or self._pos >= len(recording.entries):
@@ -286,13 +313,19 @@ class StepRecorder:
         if entry.func is not None or entry.guards is None:
             return
         change = watch.changed_since(entry.guards)
-        if change is None:
+        moved = python_globals.changed(entry.globals) if change is None else None
+        if change is None and moved is None:
             return
-        what = describe_change(change, model)
+        if change is not None:
+            what = describe_change(change, model)
+            line = f"{change.location.filename}:{change.location.lineno}" if change.location else what
+        else:
+            assert moved is not None  # noqa: S101 - one of the two changed
+            what = f"the Python value {moved.describe()} changed ({moved.value!r} -> {moved.current()!r})"
+            line = moved.describe()
         if self._pos != 0:
             raise StepChanged(f"a Python value the model reads changed within the step ({what})",
                               compiled=entry.describe(), location=caller_location())
-        line = f"{change.location.filename}:{change.location.lineno}" if change.location else what
         if line not in self._noticed:  # once per line; each change recompiles
             self._noticed.add(line)
             self.notice(f"{what}: the step depends on it, so it is compiled again (the device runs the step it "
@@ -319,12 +352,20 @@ class StepRecorder:
                                  "values of a step are read in its step closures")
         if name == "backward":
             return self._backward(first)
+        if func is autograd_calls.ORIGINAL_GRAD:
+            raise autograd_calls.NestedGradient(f"{at(caller_location())}torch.autograd.grad on the step's values "
+                                                f"(a gradient penalty): {autograd_calls.NESTED_FIX}")
         if not device:
-            return self._on_host(func, args, kwargs)
+            return self._on_host(func, name, args, kwargs)
         if name in READS:
             raise DeviceTensorReadError(f"cannot {READS[name]} a device tensor here: {READ_HINT}")
         if name in DEVICE_MOVES and _is_device_move(args, kwargs):
             return args[0]
+        planned = random_draws.plan_draw(func, args, kwargs) if self.predraw and random_draws.maybe_random(func) else None
+        if planned is not None:  # a draw on the step's values' shapes: made here, in program order
+            spec, result_of = planned
+            noise = random_draws.draw(spec)
+            return result_of(StepValue(self, step, -1, noise.shape, noise.dtype, noise, host=True))
         if self._draft is not None:
             with torch.no_grad():
                 out = func(*cpu_values(args), **cpu_values(kwargs))
@@ -339,13 +380,20 @@ class StepRecorder:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _on_host(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _on_host(self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Operations on the batch alone run here, on the chief, every step (not recorded): their
-        tensor results stay host values, so the device takes them as inputs where it needs them."""
+        tensor results stay host values, so the device takes them as inputs where it needs them.
+        One that writes into a value the device already took (``x.add_(0.5)`` between two model
+        calls) leaves that input as the earlier call saw it: the next call takes the new value as
+        an input of its own, as eager's calls each see theirs."""
         step = self._step
         assert step is not None  # noqa: S101 - the step is open
+        taken = self._inputs_written(name, args, kwargs) if self._slots else []
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*cpu_values(args), **cpu_values(kwargs))
+        for index, value, before in taken:
+            if not torch.equal(value._value, before):  # type: ignore[arg-type]  # a host value has one
+                self._keep_input(index, value, before)
 
         def wrap(t: Any) -> Any:
             if isinstance(t, torch.Tensor) and not isinstance(t, StepValue):
@@ -353,6 +401,30 @@ class StepRecorder:
             return t
 
         return pytree.tree_map(wrap, out) if isinstance(out, (torch.Tensor, tuple, list)) else out
+
+    def _inputs_written(self, name: str, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> list[tuple[int, StepValue, torch.Tensor]]:
+        """The inputs already taken that an operation may write into (in place, ``out=``,
+        assignment), each with a copy of its value: (input number, value, copy)."""
+        if not (name in _WRITES or (name.endswith("_") and not name.endswith("__")) or "out" in kwargs):
+            return []
+        targets = [args[0]] if args else []
+        targets += pytree.tree_leaves(kwargs.get("out"))
+        storages = {cpu_values(t).untyped_storage().data_ptr() for t in targets if isinstance(t, torch.Tensor)}
+        return [(index, v, v._value.clone()) for index, v in enumerate(self._slots)  # type: ignore[union-attr]
+                if v._value is not None and v._value.untyped_storage().data_ptr() in storages]
+
+    def _keep_input(self, index: int, value: StepValue, before: torch.Tensor) -> None:
+        """Input ``index`` keeps ``before`` (what the device took); ``value``, written since, is a
+        host value the next use takes as a new input."""
+        assert self._step is not None  # noqa: S101 - the step is open
+        kept = StepValue(self, self._step, -1, before.shape, before.dtype, before, host=True)
+        kept._slot = index
+        self._slots[index] = kept
+        leaf = self._batch_leaves.pop(id(value), None)
+        if leaf is not None:  # the input is the batch's leaf as it came; the written value is not any more
+            self._batch_leaves[id(kept)] = (kept, leaf[1])
+        value._slot = None
 
     def _require_open(self, what: str) -> None:
         if not self.step_open:
@@ -392,7 +464,8 @@ class StepRecorder:
         late = self._after_update if func is None else any(i in self._late for i in ref_indices((targs, kw)))
         entry = Entry(func=func, args=targs, kwargs=kw, results=tuple(results),
                       result_meta=tuple(meta), rebuild=rebuild, location=loc, plain_kwargs=not any(constants(kw))
-                      and not has_refs(kw), after_update=late, grad=torch.is_grad_enabled(), modes=modes)
+                      and not has_refs(kw), after_update=late, grad=torch.is_grad_enabled(), modes=modes,
+                      autocast=autocast_state())
         if late:
             self._late.update(results)
         for r in results:
@@ -412,7 +485,7 @@ class StepRecorder:
         if not _same_call(entry, func, args, kwargs):
             entry = self._past_unused(recording, func, args, kwargs)
         if (func is None and entry.after_update != self._after_update) or entry.grad != torch.is_grad_enabled() \
-                or entry.modes != modes:
+                or entry.modes != modes or entry.autocast != autocast_state():
             raise StepChanged(_how_it_differs(entry, self._after_update, modes), compiled=entry.describe(),
                               location=caller_location())
         self._pos += 1
@@ -451,6 +524,11 @@ class StepRecorder:
             return func(*cpu_values(args), **cpu_values(kwargs))
 
 
+_WRITES = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                     "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"})
+"""Tensor methods that write into their tensor besides the ``*_`` ones."""
+
+
 def _same_call(entry: Entry, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a live call is the compiled ``entry`` (function, arguments' structure and constants)."""
     return entry.func is func and matches(entry.args, args) and (
@@ -464,6 +542,9 @@ def _how_it_differs(entry: Entry, after_update: bool, modes: tuple[bool, ...] | 
                 else "this runs before optimizer.step() (or in a step without it)")
     if entry.grad != torch.is_grad_enabled():
         return "this runs with grad mode " + ("on" if torch.is_grad_enabled() else "off (torch.no_grad())")
+    if entry.autocast != autocast_state():
+        now = autocast_state()
+        return f"this runs under torch.autocast(dtype={now})" if now else "this runs outside torch.autocast"
     return f"the model is called in{describe_modes(modes)} mode"
 
 
@@ -491,7 +572,14 @@ def _is_device_move(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def _shadow_run(model: torch.nn.Module) -> Iterator[None]:
-    """Run the model once on the CPU for shapes only: its buffers and the RNG are restored afterwards."""
-    with tensors_put_back(model), torch.random.fork_rng(devices=[]):
-        yield
+def _shadow_run(model: torch.nn.Module, predraw: bool) -> Iterator[random_draws.Draws | None]:
+    """Run the model once on the CPU, for shapes: its buffers are restored afterwards. Its random
+    draws: with ``predraw``, those the host makes are the step's (:mod:`csrun.driver.random_draws`,
+    yielded) and the rest leave the generator as it was; else the whole generator is restored."""
+    with tensors_put_back(model), autograd_calls.on_the_device():
+        if predraw:
+            with random_draws.Draws.recording() as drawn:
+                yield drawn
+        else:
+            with torch.random.fork_rng(devices=[]):
+                yield None

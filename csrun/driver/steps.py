@@ -69,13 +69,15 @@ class StepOrder:
         """The device accumulates gradients (weight-streaming mode); else accumulation is refused."""
         self.step_number = 0
         """Number of the device step the last forward submitted."""
-        self.scheduler_stepped = False
-        """``lr_scheduler.step()`` was called in this step."""
         self.gradients: Gradients = "none"
         self.zeroed = True
         """``zero_grad()`` was called since the last ``backward()``."""
         self.clear_before_backward = True
         """The current step's ``backward()`` came after a ``zero_grad()``: it starts from no gradients."""
+        self.to_none = True
+        """The last ``zero_grad()``'s ``set_to_none`` (False: the gradients it cleared stay, as zeros)."""
+        self.clear_to_none = True
+        """:attr:`to_none` as the current step's ``backward()`` found it."""
         self.scaled = False
         """A loss scaler scaled this step's loss (the device scales it itself)."""
         self.unscaled = False
@@ -100,7 +102,6 @@ class StepOrder:
         """``model(batch)`` opened device step ``step_number`` (the previous step has ended)."""
         self.phase = "forward"
         self.step_number = step_number
-        self.scheduler_stepped = False
         self.scaled = self.unscaled = False
 
     def loss_scaled(self, unscaled: bool) -> None:
@@ -125,6 +126,7 @@ class StepOrder:
                 f"with their sum, which the device does not keep; {ORDER}")
         self._backward_site = caller_site()
         self.clear_before_backward, self.zeroed = self.zeroed, False
+        self.clear_to_none = self.to_none
         self.phase = "backward"
 
     def optimizer_step(self) -> None:
@@ -138,47 +140,30 @@ class StepOrder:
         self._stepped_site = caller_site()
         self.phase = "stepped"
 
-    def scheduler_step(self) -> None:
-        """``lr_scheduler.step()``: once per training step, after ``optimizer.step()`` (the device
-        computes the learning rate from the global step, so the schedule advances with every step)."""
-        if self.mode != "train":
-            raise StepOrderError(f"{at(caller_location())}lr_scheduler.step() in an eval Session: eval steps run the "
-                                 "forward only")
-        if self.phase != "stepped":
-            self._fail("lr_scheduler.step() was called before optimizer.step(); call it after optimizer.step(), "
-                       "once every step")
-        if self.scheduler_stepped:
-            self._fail("lr_scheduler.step() was called twice in one step; the device advances the schedule once "
-                       "per step")
-        self.scheduler_stepped = True
-
-    def check_scheduler_stepped(self) -> None:
-        """At a training step's boundary, with a scheduler: it must have been stepped (every step)."""
-        if self.mode == "train" and self.phase == "stepped" and not self.scheduler_stepped:
-            raise StepOrderError(f"{at(self.stepped_at)}the step ended without lr_scheduler.step(): the device advances "
-                                 "the learning rate every step; call scheduler.step() after optimizer.step() in every "
-                                 "step (a schedule per epoch: give it in steps)")
-
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """``optimizer.zero_grad()`` / ``model.zero_grad()``: not between backward and step (it would
-        drop the gradients the step is about to apply)."""
+        drop the gradients the step is about to apply); ``set_to_none`` goes with the next step's plan."""
         if self.phase == "backward":
             self._fail("optimizer.zero_grad() was called between loss.backward() and optimizer.step()")
         self.zeroed = True
+        self.to_none = bool(set_to_none)
 
     def end_step(self) -> StepPlan:
         """The training step's boundary: what the device runs after the forward (see the module manual)."""
         phase, self.phase = self.phase, "idle"
         if phase == "stepped":
             self.gradients = "applied"
-            return FULL_STEP if self.clear_before_backward else StepPlan(clear_grads=False)
+            if self.clear_before_backward:
+                return FULL_STEP if self.clear_to_none else StepPlan(grads_to_none=False)
+            return StepPlan(clear_grads=False)
         if phase == "backward":
             if not self.accumulates:
                 raise GradientAccumulation(
                     f"{at(self.backward_at)}gradient accumulation: loss.backward() without optimizer.step() in this "
                     f"step; {ACCUMULATION_FIX}")
             self.gradients = "accumulated"
-            return StepPlan(update=False, clear_grads=self.clear_before_backward)
+            return StepPlan(update=False, clear_grads=self.clear_before_backward,
+                            grads_to_none=self.clear_to_none or not self.clear_before_backward)
         return StepPlan(backward=False, update=False, clear_grads=False)
 
     def reset(self, mode: Literal["train", "eval"]) -> None:

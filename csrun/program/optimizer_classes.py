@@ -304,6 +304,7 @@ def build_optimizer(
     hp = dict(hyperparameters or {})
     hp.pop("lr", None)
     hp.pop("learning_rate", None)
+    tensor_lr = _tensor_lr_dtype(hp.pop(TENSOR_LR, None))
     exclude = hp.pop("exclude_from_weight_decay", None) or []
     if isinstance(exclude, str):
         exclude = [exclude]
@@ -327,13 +328,30 @@ def build_optimizer(
     if len(rates) != len(groups):
         raise SpecError(f"optimizer: {len(rates)} learning rates for {len(groups)} param groups")
     for group, rate in zip(groups, rates):
-        group["lr"] = rate
+        group["lr"] = rate if tensor_lr is None else torch.tensor(rate, dtype=tensor_lr)
     if name in FOREACH_EXACT and "foreach" in valid and "foreach" not in kwargs:
-        kwargs["foreach"] = True
+        kwargs["foreach"] = tensor_lr is None  # torch's foreach forms take no tensor lr (the script's ran per tensor)
+    first: Any = rates[0] if tensor_lr is None else torch.tensor(rates[0], dtype=tensor_lr)
     try:
-        return cls(groups, lr=rates[0], **kwargs)  # type: ignore[call-arg]  # cls is a concrete optimizer class, not the base
+        return cls(groups, lr=first, **kwargs)  # type: ignore[call-arg]  # cls is a concrete optimizer class, not the base
     except (TypeError, ValueError) as exc:
         raise SpecError(f"optimizer: {name}: {exc}") from None
+
+
+TENSOR_LR = "tensor_lr"
+"""The spec hyperparameter saying the script's optimizer holds its learning rate as a tensor
+(``Adam(params, lr=torch.tensor(1e-3))``), with that tensor's dtype: torch's update then computes
+with it as a tensor, and so does the engine's, for the same bits."""
+
+_TENSOR_LR_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _tensor_lr_dtype(value: Any) -> torch.dtype | None:
+    if value is None:
+        return None
+    if value not in _TENSOR_LR_DTYPES:
+        raise SpecError(f"optimizer: {TENSOR_LR} is {value!r}; valid: {', '.join(_TENSOR_LR_DTYPES)}")
+    return _TENSOR_LR_DTYPES[value]
 
 
 def _keywords(cls: type[torch.optim.Optimizer]) -> list[str]:
@@ -427,10 +445,34 @@ def preinitialize_state(optimizer: torch.optim.Optimizer) -> None:
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float | Sequence[float]) -> None:
     """Set the learning rate of every group (one value), or of each group (one per group): the
-    schedules' values for this step."""
+    schedules' values for this step (a tensor ``lr`` is filled in place, as torch's schedulers do)."""
     groups = optimizer.param_groups
     rates = [lr] * len(groups) if isinstance(lr, (int, float)) else lr
     for g, rate in zip(groups, rates):
         if not math.isfinite(rate):
             raise SpecError(f"learning_rate: the schedule gave a non-finite value {rate}")
-        g["lr"] = rate
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"].fill_(rate)
+        else:
+            g["lr"] = rate
+
+
+def set_hyperparameter(group: dict[str, Any], key: str, value: Any) -> None:
+    """Set one hyperparameter of a param group to a value the script gave its own group (a number,
+    a flag, a pair such as ``betas``), in the form the group holds it: a tensor is filled in place,
+    a pair stays a tuple; raises :class:`SpecError` for a value of another form."""
+    held = group[key]
+    if isinstance(held, torch.Tensor) and not isinstance(value, (bool, tuple)):
+        held.fill_(value)
+    elif isinstance(held, bool) or isinstance(value, bool):
+        if not (isinstance(held, bool) and isinstance(value, bool)):
+            raise SpecError(f"step plan: {key} is {held!r} on the device, the script set {value!r}")
+        group[key] = value
+    elif isinstance(held, (tuple, list)):
+        if not isinstance(value, tuple) or len(value) != len(held):
+            raise SpecError(f"step plan: {key} is {tuple(held)!r} on the device, the script set {value!r}")
+        group[key] = tuple(value)
+    elif isinstance(value, tuple) or not isinstance(held, (int, float)):
+        raise SpecError(f"step plan: {key} is {held!r} on the device, the script set {value!r}")
+    else:
+        group[key] = value

@@ -61,6 +61,9 @@ class Optimizer:
     slot_keys: tuple[str, ...] = ()
     """Hyperparameters that each add one state slot when set (momentum, amsgrad, centered)."""
     in_torch: bool = True
+    decoupled_flag: bool = False
+    """Its torch class takes ``decoupled_weight_decay`` (AdamW-style decay) as a flag and there is no
+    class of its own for that form: the compiled spec keeps the flag (NAdam, RAdam)."""
     foreach: bool = False
     """The engine runs it with ``foreach=True``: its foreach and per-tensor updates are bit-for-bit
     the same (tests/emulator/test_optimizers.py checks it). adafactor, asgd, nadam and radam
@@ -81,8 +84,8 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
               foreach=True),
     Optimizer("asgd", "ASGD", ("weight_decay_rate",), state_slots=1.0),
     Optimizer("lamb", "Lamb", _ADAM_LIKE, 1e-6, 2.0, _AMSGRAD, in_torch=False),
-    Optimizer("radam", "RAdam", _ADAM_LIKE, 1e-8, 2.0, _AMSGRAD),
-    Optimizer("nadam", "NAdam", _ADAM_LIKE, 1e-8, 2.0, _AMSGRAD),
+    Optimizer("radam", "RAdam", _ADAM_LIKE, 1e-8, 2.0, _AMSGRAD, decoupled_flag=True),
+    Optimizer("nadam", "NAdam", _ADAM_LIKE, 1e-8, 2.0, _AMSGRAD, decoupled_flag=True),
     Optimizer("rmsprop", "RMSprop", ("alpha", "eps", "momentum", "centered", "weight_decay_rate"), 1e-8, 1.0,
               ("momentum", "centered"), foreach=True),
     Optimizer("rprop", "Rprop", (), state_slots=2.0, foreach=True),

@@ -5,19 +5,17 @@ it refuses, at the line, what it cannot run as written. :class:`DevicePreview` w
 run for those things and logs one warning each (``on the device: file:line: ...``), so a script
 that validates on the CPU does not meet them first on the system:
 
-* an LR scheduler the device cannot run (``LambdaLR``, ``OneCycleLR``, ``ReduceLROnPlateau``,
-  a user subclass), when it is built on a wrapped optimizer (:mod:`csrun.compiler.lr_schedulers`);
 * an optimizer type the system does not have;
 * in the first step, reading a value computed from the model's outputs outside a step closure
   (``loss.item()``, ``if loss > x``, ``print(loss)``: the device's values exist only in closures),
   and reading a tensor's value inside the model's forward (data-dependent control flow, a tensor
   turned into a Python number: the capture refuses both);
-* a forward that changes a Python value of the model at every call (a counter: the device
-  runs the forward's Python once, when it compiles the step);
+* a forward that changes a Python value at every call, a module attribute or a global (a
+  counter: the device runs the forward's Python once, when it compiles the step);
 * gradient accumulation (``backward()`` without ``optimizer.step()`` in the first step) in
   pipelined mode.
 
-The first two cost nothing per step; the rest watch the first two steps only (a
+The first costs nothing per step; the rest watch the first two steps only (a
 ``TorchFunctionMode`` in the first step; torch's global module hooks for the model's first two
 calls, so the model object is left as it is).
 """
@@ -34,12 +32,11 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from csrun.compiler.errors import LRSchedulerNotSupported, at
+from csrun.compiler.errors import at
 from csrun.compiler.locate import caller_location
-from csrun.compiler.lr_schedulers import check_scheduler
 from csrun.compiler.optim import legacy_type_of, unsupported_optimizer_error
+from csrun.compiler.python_globals import GlobalReads, as_now, global_changes
 from csrun.compiler.python_state import forward_changes, in_forward
-from csrun.driver.schedulers import announce_schedulers
 from csrun.driver.steps import ACCUMULATION_FIX
 
 log = logging.getLogger("csrun.torch")
@@ -107,12 +104,17 @@ class DevicePreview:
         changed: list[list[Any]] = []
         handles: list[Any] = []
 
+        reads: list[GlobalReads] = []
+        read_before: list[tuple[Any, ...]] = [()]
+
         def before(module: torch.nn.Module, args: Any) -> None:
             if module is not watched():
                 return
             calls[0] += 1
             stack = contextlib.ExitStack()
             changed.append(stack.enter_context(in_forward(module)))
+            reads.append(stack.enter_context(GlobalReads().watching()))
+            read_before[0] = as_now(read_before[0])  # what the loop left: only the call's own changes count
             capture.append(stack)
             self.in_forward += 1
 
@@ -122,9 +124,13 @@ class DevicePreview:
             capture.pop().close()
             self.in_forward -= 1
             seen = changed.pop()
+            guards = reads.pop().guards()
             if calls[0] > 1:
                 for problem in forward_changes(seen, module):
                     self.warn(problem.location, f"{problem.what}: refused ({problem.fix})")
+                for problem in global_changes(read_before[0]):
+                    self.warn(problem.location, f"{problem.what}: refused ({problem.fix})")
+            read_before[0] = guards
             if self._mode is not None:
                 self.track(out)
             if calls[0] >= _FORWARD_CALLS_WATCHED:
@@ -135,18 +141,11 @@ class DevicePreview:
         handles.append(register_module_forward_hook(after, always_call=True))
 
     def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Check the optimizer's type and every LR scheduler built on it; count its steps."""
+        """Check the optimizer's type; count its steps."""
         if legacy_type_of(optimizer) is None:
             error = unsupported_optimizer_error(optimizer)
             self.warn(error.location, f"{error.what}: refused ({error.fix})")
-        announce_schedulers(optimizer, self._scheduler)
         optimizer.register_step_post_hook(self._step_taken)
-
-    def _scheduler(self, scheduler: Any) -> None:
-        try:
-            check_scheduler(scheduler)
-        except LRSchedulerNotSupported as exc:
-            self.warn(caller_location(), f"{exc.what}: refused ({exc.fix})")
 
     def _step_taken(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped += 1

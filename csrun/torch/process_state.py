@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from csrun.cluster import ClusterInfo, allocation_notice, cluster_info
 from csrun.compiler.settings import CompileSettings
 from csrun.consoles import whole_lines
+from csrun.driver.options import verify_every as checked_verify_every
 from csrun.driver.options import verify_steps as checked_verify_steps
 from csrun.driver.run_path import RunFlags, RunPathError, decide
 from csrun.errors import UserError
@@ -75,7 +76,7 @@ def state() -> State:
 def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate_only: bool = False,
                settings: CompileSettings | None = None, model_dir: str | None = None, compile_dir: str | None = None,
                device: str = "cpu", queue_depth: int = 2, backend: Backend | None = None, cpu: bool = False,
-               verify_steps: int | None = None) -> State:
+               verify_steps: int | None = None, verify_every: int | None = None) -> State:
     """Set up this task: its role from the launcher's environment and, on the chief, the path.
 
     The path (device or CPU) follows the table in :mod:`csrun.driver.run_path`, from the
@@ -89,7 +90,8 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
     ``cstorch.backend("CPU")``). ``model_dir``/``compile_dir`` say where compiles go; ``device`` is the embedded
     emulator's torch device; ``queue_depth`` how many steps the chief may run ahead;
     ``verify_steps`` how many steps of each program the device checks against eager PyTorch
-    (:mod:`csrun.driver.verify`; None: ``CSRUN_VERIFY_STEPS``, default 1).
+    (:mod:`csrun.driver.verify`; None: ``CSRUN_VERIFY_STEPS``, default 1), ``verify_every`` one
+    step in how many later (None: ``CSRUN_VERIFY_EVERY``, default 0: none).
     ``backend`` installs a backend directly (tests, tools). From here on each line the process
     prints is one write (:func:`~csrun.consoles.whole_lines`: a job's tasks share one stream).
     """
@@ -104,10 +106,12 @@ def initialize(cs_ip: str | None = None, *, compile_only: bool = False, validate
         raise InitializeError(f"queue_depth must be a positive integer, got {queue_depth!r}")
     try:
         steps = checked_verify_steps(verify_steps)
+        every = checked_verify_every(verify_every)
     except UserError as exc:
         raise InitializeError(str(exc)) from None
     st.options = DeviceOptions(path=path, settings=settings, model_dir=model_dir, compile_dir=compile_dir,
                                device=device, queue_depth=queue_depth, job_id=st.info.job_id, verify_steps=steps,
+                               verify_every=every,
                                num_csx=st.info.num_csx)
     if backend is not None:
         st.backend = backend

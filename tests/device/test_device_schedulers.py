@@ -1,4 +1,5 @@
-"""torch LR schedulers on a wrapped optimizer run on the device with eager torch's learning rate at every step."""
+"""torch LR schedulers on a wrapped optimizer run on the host, as in eager PyTorch, and every update on
+the device takes the learning rate they set: the same rates and weights as the CPU path, bit for bit."""
 
 from __future__ import annotations
 
@@ -14,13 +15,20 @@ from torch.utils.data import DataLoader, TensorDataset
 import csrun.torch as cbtorch
 from csrun.compiler import CompileSettings
 from csrun.compiler.errors import LRSchedulerNotSupported
-from csrun.driver.steps import StepOrderError
 from csrun.torch import process_state as state_mod
 from tests.compiler.helpers import LR_SCHEDULERS
 
 pytestmark = pytest.mark.timeout(120)
 
 STEPS = 50
+
+HOST_ONLY: dict[str, Callable[[Any], Any]] = {
+    "LambdaLR": lambda o: S.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10) * 0.97 ** s),  # a warm-up, as HF's
+    "MultiplicativeLR": lambda o: S.MultiplicativeLR(o, lambda s: 0.98),
+    "OneCycleLR": lambda o: S.OneCycleLR(o, max_lr=0.1, total_steps=STEPS + 1),
+    "CyclicLR": lambda o: S.CyclicLR(o, base_lr=0.01, max_lr=0.1, step_size_up=7),
+}
+"""Schedulers that run Python on the host every step (the device once refused them)."""
 
 
 def data() -> TensorDataset:
@@ -29,15 +37,24 @@ def data() -> TensorDataset:
     return TensorDataset(x, x.sum(1, keepdim=True))
 
 
+Stepper = Callable[[Any, int, Any], None]
+"""How a loop steps its scheduler: ``(scheduler, step, loss)`` after ``optimizer.step()``."""
+
+
+def every_step(scheduler: Any, step: int, loss: Any) -> None:
+    scheduler.step()
+
+
 def run(cs_ip: str | None, model_dir: str, make: Callable[[Any], Any], *, before_wrap: bool = False,
-        step_scheduler: Callable[[Any, Any], None] | None = None) -> tuple[list[float], torch.Tensor]:
+        stepper: Stepper = every_step, settings: CompileSettings = CompileSettings(mixed_precision=False),
+        ) -> tuple[list[float], torch.Tensor]:
     """A regression loop with ``make(optimizer)`` as its scheduler; the learning rate the optimizer
-    shows in each step's closure (after ``scheduler.step()``: the next step's, as in eager)."""
+    shows in each step's closure (after ``scheduler.step()``: the next step's, as in eager) and the weights."""
     state_mod.reset_for_tests()
     torch.manual_seed(0)
-    cbtorch.initialize(cs_ip, settings=CompileSettings(mixed_precision=False), model_dir=model_dir)
+    cbtorch.initialize(cs_ip, settings=settings, model_dir=model_dir)
     model = cbtorch.module(nn.Linear(4, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = make(optimizer) if before_wrap else None
     optimizer = cbtorch.optimizer(optimizer)
     if scheduler is None:
@@ -45,73 +62,60 @@ def run(cs_ip: str | None, model_dir: str, make: Callable[[Any], Any], *, before
     loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
     lrs: list[float] = []
     with cbtorch.Session(loader):
-        for x, y in loader:
+        for step, (x, y) in enumerate(loader):
             optimizer.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
-            (step_scheduler or (lambda s, o: s.step()))(scheduler, optimizer)
-            cbtorch.add_step_closure(lambda: lrs.append(cbtorch.get_state()["optimizer"]["param_groups"][0]["lr"]))
+            stepper(scheduler, step, loss)
+            cbtorch.add_step_closure(lambda: lrs.append(optimizer.state_dict()["param_groups"][0]["lr"]))
     return lrs, model.weight.detach().clone()
 
 
-def eager_lrs(make: Callable[[Any], Any]) -> list[float]:
-    """The learning rate eager torch's optimizer shows after each step's ``scheduler.step()``."""
-    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.05)
-    scheduler = make(opt)
-    out = []
-    for _ in range(STEPS):
-        opt.step()
-        scheduler.step()
-        out.append(opt.param_groups[0]["lr"])
-    return out
+def both(tmp_path: Path, make: Callable[[Any], Any], **kw: Any) -> tuple[list[float], torch.Tensor, list[float], torch.Tensor]:
+    """The device's rates and weights, then the CPU path's."""
+    return (*run("embedded", str(tmp_path / "dev"), make, **kw), *run(None, str(tmp_path / "cpu"), make, **kw))
 
 
-@pytest.mark.parametrize("name", sorted(LR_SCHEDULERS))
-def test_device_learning_rate_equals_eager_torch_at_every_step(tmp_path: Path, name: str) -> None:
-    make = LR_SCHEDULERS[name]
-    lrs, weight = run("embedded", str(tmp_path / "dev"), make)
-    assert lrs == pytest.approx(eager_lrs(make), rel=1e-6, abs=1e-12)
-    _, cpu_weight = run(None, str(tmp_path / "cpu"), make)
-    assert torch.allclose(weight, cpu_weight, atol=1e-5)
+@pytest.mark.parametrize("name", sorted(LR_SCHEDULERS) + sorted(HOST_ONLY))
+def test_every_torch_scheduler_trains_as_on_the_cpu_bit_for_bit(tmp_path: Path, name: str) -> None:
+    make = {**LR_SCHEDULERS, **HOST_ONLY}[name]
+    lrs, weight, cpu_lrs, cpu_weight = both(tmp_path, make)
+    assert len(set(lrs)) > 1, lrs  # the rate moves
+    assert lrs == cpu_lrs
+    assert torch.equal(weight, cpu_weight)
 
 
 def test_a_scheduler_built_before_wrapping_counts_too(tmp_path: Path) -> None:
-    make = LR_SCHEDULERS["StepLR"]
-    lrs, _ = run("embedded", str(tmp_path), make, before_wrap=True)
-    assert lrs == pytest.approx(eager_lrs(make), rel=1e-6)
+    lrs, weight, cpu_lrs, cpu_weight = both(tmp_path, LR_SCHEDULERS["StepLR"], before_wrap=True)
+    assert lrs == cpu_lrs and torch.equal(weight, cpu_weight)
 
 
-@pytest.mark.parametrize("make", [lambda o: S.LambdaLR(o, lambda s: 0.99**s), lambda o: S.ReduceLROnPlateau(o)])
-def test_schedulers_the_device_cannot_run_are_refused_when_built(tmp_path: Path, make: Callable[[Any], Any]) -> None:
-    state_mod.reset_for_tests()
-    cbtorch.initialize("embedded", settings=CompileSettings(mixed_precision=False), model_dir=str(tmp_path))
-    model = cbtorch.module(nn.Linear(4, 1))
-    optimizer = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
-    with pytest.raises(LRSchedulerNotSupported) as info:
-        make(optimizer)
-    assert "StepLR" in info.value.render()
+def on_plateau(scheduler: Any, step: int, loss: Any) -> None:
+    """ReduceLROnPlateau on the loss, stepped where the loss is readable: a step closure."""
+    cbtorch.add_step_closure(lambda value: scheduler.step(float(value)), (loss,))
 
 
-@pytest.mark.parametrize("misuse,match", [
-    (lambda s, o: (s.step(), s.step()), "twice in one step"),
-    (lambda s, o: None, "without lr_scheduler.step"),
-])
-def test_scheduler_steps_are_checked_for_order(tmp_path: Path, misuse: Callable[[Any, Any], None], match: str) -> None:
-    with pytest.raises(StepOrderError, match=match):
-        run("embedded", str(tmp_path), LR_SCHEDULERS["ExponentialLR"], step_scheduler=misuse)
+def per_epoch(scheduler: Any, step: int, loss: Any) -> None:
+    """A schedule stepped every 10 steps (an 'epoch'), as scripts step per-epoch schedulers."""
+    if step % 10 == 9:
+        scheduler.step()
 
 
-def test_a_scheduler_step_before_the_optimizer_step_is_refused(tmp_path: Path) -> None:
-    state_mod.reset_for_tests()
-    cbtorch.initialize("embedded", settings=CompileSettings(mixed_precision=False), model_dir=str(tmp_path))
-    model = cbtorch.module(nn.Linear(4, 1))
-    optimizer = cbtorch.optimizer(torch.optim.SGD(model.parameters(), lr=0.05))
-    scheduler = S.StepLR(optimizer, 5)
-    loader = cbtorch.dataloader(DataLoader(data(), batch_size=8, drop_last=True))
-    with pytest.raises(StepOrderError, match="before optimizer.step"):
-        with cbtorch.Session(loader):
-            for x, y in loader:
-                nn.functional.mse_loss(model(x), y).backward()
-                scheduler.step()
-                optimizer.step()
+@pytest.mark.parametrize("make, stepper", [
+    (lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=1, threshold=0.5), on_plateau),
+    (lambda o: S.StepLR(o, step_size=2, gamma=0.5), per_epoch),
+], ids=["plateau-in-a-closure", "per-epoch"])
+def test_schedulers_stepped_as_scripts_step_them(tmp_path: Path, make: Callable[[Any], Any], stepper: Stepper) -> None:
+    lrs, weight, cpu_lrs, cpu_weight = both(tmp_path, make, stepper=stepper)
+    assert len(set(lrs)) > 1, lrs
+    assert lrs == cpu_lrs and torch.equal(weight, cpu_weight)
+
+
+def test_a_torch_scheduler_beside_a_compiled_schedule_is_refused(tmp_path: Path) -> None:
+    """Two owners of one learning rate: the settings' schedule (computed on the device) and a torch one."""
+    settings = CompileSettings(mixed_precision=False, learning_rate={"scheduler": "Exponential",
+                                                                     "initial_learning_rate": 0.05,
+                                                                     "decay_steps": 1, "decay_rate": 0.9})
+    with pytest.raises(LRSchedulerNotSupported, match="both set the learning rate"):
+        run("embedded", str(tmp_path), LR_SCHEDULERS["StepLR"], settings=settings)

@@ -60,8 +60,8 @@ def test_the_first_steps_check_sees_the_scripts_learning_rates(tmp_path: Path, m
     the rates the script's optimizer had at optimizer.step(), not the device's."""
     real = engine_mod.Engine._rates
 
-    def group_zeros_rate(self: Any, step: int) -> Any:
-        rates = real(self, step)
+    def group_zeros_rate(self: Any, step: int, plan: StepPlan = StepPlan()) -> Any:
+        rates = real(self, step, plan)
         return [rates[0]] * len(rates) if isinstance(rates, list) else rates
 
     monkeypatch.setattr(engine_mod.Engine, "_rates", group_zeros_rate)

@@ -37,6 +37,10 @@ from csrun.program.spec import ProgramSpec
 log = logging.getLogger("csrun.emulator")
 
 STATE_FORMAT = 1
+
+GRADIENT_PREFIX = "grad:"
+"""The outputs of a step whose plan asks for its gradients (:attr:`StepPlan.report_gradients`):
+``grad:<weight name>``, the gradient the update applied (unscaled and clipped)."""
 """Version of the :meth:`Engine.state_dict` layout."""
 
 
@@ -143,7 +147,8 @@ def retarget_graph(module: torch.fx.GraphModule, device: torch.device) -> int:
     Two facts of the capture are burnt into the graph, and both hold only on the CPU:
 
     - tensors the forward creates (``torch.arange(n, device=x.device)``, ``torch.zeros``, a
-      ``.to(x.device)``) name the CPU: they are made on ``device`` instead;
+      ``.to(x.device)``) name the CPU: they are made on ``device`` instead; a region under the
+      script's ``torch.autocast("cpu", ...)`` autocasts on ``device``;
     - ``x.view(shape)`` is recorded as ``aten.view`` on the strides the capture saw. Another
       device's kernels may lay their outputs out differently (CUDA's attention does), and a view
       of such an output fails ("view size is not compatible with input tensor's size and
@@ -170,10 +175,17 @@ def retarget_graph(module: torch.fx.GraphModule, device: torch.device) -> int:
             if node.target is torch.ops.aten.to.device and len(node.args) > 1 and _on_cpu(node.args[1]):
                 node.args = (node.args[0], device, *node.args[2:])
                 here += 1
+            if node.target is _AUTOCAST and node.args and node.args[0] == "cpu":  # the script's torch.autocast
+                node.args = (device.type, *node.args[1:])
+                here += 1
         if here:
             graph_module.recompile()
             changed += here
     return changed
+
+
+_AUTOCAST = getattr(torch.ops.higher_order, "wrap_with_autocast", None)
+"""The higher-order op torch.export records a ``torch.autocast`` block as."""
 
 
 def _on_cpu(value: Any) -> bool:
@@ -276,6 +288,9 @@ class Engine:
         """The backward's initial gradient for a scalar float32 loss (see :func:`_backward`)."""
         self._step = 0  # host mirror of global_step: no device read per step
         self._holding_grads = False  # gradients kept from a step without an update (accumulation)
+        self._grad_held: set[int] = set()
+        """Indices into :attr:`params` of the weights whose ``.grad`` eager PyTorch holds (a tensor, not
+        None) after the last backward (:meth:`_track_gradients`)."""
         self.optimizer: torch.optim.Optimizer | None = None
         self._lean_step: Callable[[], bool] | None = None  # the update without torch.optim's wrappers
         self._scripted_update: ScriptedUpdate | None = None  # all of it in one TorchScript call (one-group SGD)
@@ -356,7 +371,7 @@ class Engine:
         if not self.training:
             return graph.run(leaves, tree)[0]
         assert self.scaler is not None  # noqa: S101 - a train engine has one
-        rates, scale = self._rates(self._step), self.scaler.scale
+        rates, scale = self._rates(self._step, plan), self.scaler.scale
         if self._graph_scale_value != scale:
             self._graph_scale.fill_(scale)
             self._graph_scale_value = scale
@@ -364,7 +379,7 @@ class Engine:
         for holder, grad in zip(self._grad_holders(), grads):
             holder.grad = grad
         out = {"loss": values.pop("loss"), **self._step_values(rates, scale, plan), **values}
-        if publish is not None and self._clipping(plan)[0] is None:
+        if publish is not None and self._clipping(plan)[0] is None and not plan.report_gradients:
             publish(out)  # the graph's outputs are copies: the update cannot change them
         self._update(out, plan, rates)
         return out
@@ -378,12 +393,36 @@ class Engine:
             "global_step": self.global_step + 1 if plan.update else self.global_step.clone(),
         }
 
-    def _rates(self, step: int) -> float | list[float]:
-        """The learning rate of ``step``: one for every group, or one per group."""
+    def _rates(self, step: int, plan: StepPlan = FULL_STEP) -> float | list[float]:
+        """The learning rate of ``step``: one for every group, or one per group; a group whose
+        ``lr`` the plan gives (:attr:`StepPlan.hyperparameters`: set on the host) takes that."""
         if self.group_schedules is not None:
-            return [float(schedule(step)) for schedule in self.group_schedules]
-        assert self.schedule is not None  # noqa: S101 - a train engine has one
-        return self.schedule(step)
+            rates: float | list[float] = [float(schedule(step)) for schedule in self.group_schedules]
+        else:
+            assert self.schedule is not None  # noqa: S101 - a train engine has one
+            rates = self.schedule(step)
+        given = [(g, v) for g, k, v in plan.hyperparameters if k == "lr"]
+        if not given or self.optimizer is None:
+            return rates
+        groups = len(self.optimizer.param_groups)
+        per_group = list(rates) if isinstance(rates, list) else [rates] * groups
+        for group, value in given:
+            if group >= groups or isinstance(value, (bool, tuple)):
+                raise SpecError(f"step plan: lr {value!r} for param group {group}; the optimizer has {groups}")
+            per_group[group] = float(value)
+        return per_group
+
+    def _set_hyperparameters(self, plan: StepPlan) -> None:
+        """The plan's hyperparameters other than ``lr`` into the optimizer's groups (they stay there,
+        as the script's change stays in its param group)."""
+        opt = self.optimizer
+        assert opt is not None  # noqa: S101 - a train engine has one
+        for group, key, value in plan.hyperparameters:
+            if key == "lr":
+                continue
+            if group >= len(opt.param_groups) or key not in opt.param_groups[group] or key == "params":
+                raise SpecError(f"step plan: the optimizer's param group {group} has no hyperparameter {key!r}")
+            optimizers.set_hyperparameter(opt.param_groups[group], key, value)
 
     def _emulate_half(self, module: torch.fx.GraphModule) -> half_emulation.HalfWeights | None:
         """For float16 / bfloat16 in ``rounding`` mode, rewrite ``module`` to compute on float32
@@ -489,7 +528,7 @@ class Engine:
         scaler = self.scaler
         if self.optimizer is None or self.schedule is None or scaler is None:
             raise RuntimeError("train engine without optimizer, schedule or scaler")
-        rates = self._rates(self._step)
+        rates = self._rates(self._step, plan)
         scale = scaler.scale
         carried: list[Any] = []
         with self._forward_context(), _NO_CHANGE if plan.backward else torch.no_grad():
@@ -505,8 +544,9 @@ class Engine:
             out[k] = (v.detach().clone() if copied else v.detach()) if isinstance(v, torch.Tensor) else v
         del extra
         if plan.backward:
-            if publish is not None and self._split is None and self._clipping(plan)[0] is None:
-                publish(out)  # else an output comes after the update: the gradient norm, the second part
+            if publish is not None and self._split is None and self._clipping(plan)[0] is None \
+                    and not plan.report_gradients:
+                publish(out)  # else an output comes after the update: the gradient norm, the gradients, the second part
             if plan.clear_grads and self._holding_grads:
                 self._clear_gradients()
             root = loss * scale if scale != 1.0 else loss
@@ -520,25 +560,31 @@ class Engine:
 
     def _update(self, out: dict[str, Any], plan: StepPlan, rates: float | list[float], *, scripted: bool = True) -> None:
         """After the backward: keep the gradients (no update in ``plan``: accumulation), or unscale,
-        clip, update and clear them, and update the loss scale; the gradient norm goes to ``out``.
+        clip, update and clear them, and update the loss scale; the gradient norm goes to ``out``
+        (and, when the plan asks, the gradients the update applied: ``grad:<weight>``).
         ``scripted=False``: not by the scripted update (the gradients are the masters' own)."""
         opt, scaler = self.optimizer, self.scaler
         assert opt is not None and scaler is not None  # noqa: S101 - a train engine has them
+        if plan.hyperparameters:
+            self._set_hyperparameters(plan)
         if not plan.update:
             if self.half_weights is not None:
                 self.half_weights.gradients_to_masters()
+            self._track_gradients(plan)
             self._holding_grads = True
             return
         clip_norm, clip_value, norm_type = self._clipping(plan)
         if scripted and self._scripted_update is not None and not scaler.dynamic and clip_norm is None \
-                and clip_value is None:
+                and clip_value is None and not plan.report_gradients and not self._zeros_due(plan):
             optimizers.set_learning_rate(opt, rates)
             if self._scripted_update(1.0 / scaler.scale):  # rounding, unscaling, update: no overflow to check
+                self._grad_held = set(range(len(self.params)))  # it ran only with every weight's gradient
                 self._holding_grads = False
                 self._advance()
                 return
         if self.half_weights is not None:
             self.half_weights.gradients_to_masters()
+        self._track_gradients(plan)
         grads = [p.grad for p in self.params if p.grad is not None]
         overflow = scaler.unscale_and_check(grads)
         total: torch.Tensor | None = None
@@ -549,12 +595,31 @@ class Engine:
         if clip_norm:
             out["grad_norm"] = total if total is not None else torch.zeros((), device=self.device)
         if not overflow:
+            if plan.report_gradients:
+                out.update({f"{GRADIENT_PREFIX}{name}": p.grad.detach().clone()
+                            for name, p in self.named_params if p.grad is not None})
             optimizers.set_learning_rate(opt, rates)
             if self._lean_step is None or not self._lean_step():
                 opt.step()
         self._clear_gradients()
         scaler.update(overflow)
         self._advance()
+
+    def _zeros_due(self, plan: StepPlan) -> bool:
+        """Whether a weight this step's backward did not reach may still hold a zero gradient in
+        eager PyTorch (a ``zero_grad(set_to_none=False)`` kept it): :meth:`_track_gradients` gives it one."""
+        return bool(self._grad_held) and not (plan.clear_grads and plan.grads_to_none)
+
+    def _track_gradients(self, plan: StepPlan) -> None:
+        """Follow which weights hold a gradient in eager PyTorch: those this step's backward reached,
+        and, after a ``zero_grad(set_to_none=False)``, every one that held one before (now zero);
+        give the latter a zero gradient on the device, so the update treats them as eager's does."""
+        if plan.clear_grads and plan.grads_to_none:
+            self._grad_held = set()
+        reached = {i for i, p in enumerate(self.params) if p.grad is not None}
+        for i in self._grad_held - reached:
+            self.params[i].grad = torch.zeros_like(self.params[i])
+        self._grad_held |= reached
 
     # the data-parallel halves of a step (csrun.emulator.swarm): a system's forward and backward,
     # MemoryX's update of the summed gradients -----------------------------------------------
@@ -604,7 +669,7 @@ class Engine:
         dtype are theirs (the update unscales them in place), dropped by the update."""
         if self.scaler is None or self.optimizer is None:
             raise RuntimeError("an eval engine has no update")
-        rates = self._rates(self._step)
+        rates = self._rates(self._step, plan)
         offset = 0
         for i, p in enumerate(self.params):
             n = p.numel()
@@ -649,7 +714,7 @@ class Engine:
 
         Layout: ``{"format", "global_step", "params": {name: tensor}, "buffers": {name: tensor},
         "param_names": [names in the optimizer's numbering], "optimizer": torch optimizer state_dict or None,
-        "scaler": dict or None}``.
+        "scaler": dict or None, "gradients_held": [names of the weights eager holds a gradient for]}``.
         """
         cpu = torch.device("cpu")
 
@@ -664,6 +729,7 @@ class Engine:
             "param_names": self._optimizer_param_names(),
             "optimizer": fetch(self.optimizer.state_dict()) if self.optimizer is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "gradients_held": [self.named_params[i][0] for i in sorted(self._grad_held)],
         }
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = True, load_optimizer: bool = True) -> None:
@@ -704,3 +770,6 @@ class Engine:
             raise SpecError(f"global_step must be >= 0, got {step}")
         self._step = step
         self.global_step.fill_(step)
+        held = state.get("gradients_held") or ()  # a program switch carries them; a restored run starts with none
+        index = {name: i for i, (name, _) in enumerate(self.named_params)}
+        self._grad_held = {index[n] for n in held if isinstance(n, str) and n in index}
