@@ -50,6 +50,8 @@ class Coherence:
         self.trainable = TrainableSet()
         self.groups: GroupHyperparameters | None = None
         self.model: torch.nn.Module | None = None
+        self._modules: list[torch.nn.Module] = []
+        """The model's modules (a submodule added later comes with new weights: the recompile finds it)."""
         self.optimizer: torch.optim.Optimizer | None = None
         self.recompile_due = False
         """The trainable set changed since the loaded program was compiled: compile it again."""
@@ -57,6 +59,7 @@ class Coherence:
     def attach_model(self, model: torch.nn.Module) -> None:
         """Keep the wrapped model's state coherent."""
         self.model = model
+        self._modules = list(model.modules())
         self.weights.attach(model)
         if self.optimizer is not None:
             self._groups(self.optimizer)
@@ -80,7 +83,7 @@ class Coherence:
                                            if model is not None else {})
 
     def _fingerprint(self) -> tuple[Any, ...]:
-        return fingerprint(self.model, self.optimizer)
+        return fingerprint(self._modules, self.optimizer)
 
     # -- the program --------------------------------------------------------------------------
 
@@ -88,6 +91,8 @@ class Coherence:
         """A program was loaded (``trains``: a training program; ``host_lr``: no compiled schedule
         drives the learning rate; ``host_current``: the host copies hold the device's values)."""
         self.weights.synced(None, current=host_current)
+        if self.model is not None:
+            self._modules = list(self.model.modules())
         if trains:
             self.trainable.loaded(self._fingerprint())
             self.recompile_due = False

@@ -47,6 +47,7 @@ class HostWeights:
         self._held: list[tuple[str, torch.Tensor]] = []
         """The model's weights and buffers as of the last sync (a new tensor object recompiles first)."""
         self._versions: dict[str, int] = {}
+        self._version_list: list[int] = []
         self._read: dict[str, torch.Tensor] | None = None
         """The values the script last read (a refresh from the device), to compare contents with."""
         self._pending: dict[str, torch.Tensor] = {}
@@ -73,6 +74,7 @@ class HostWeights:
             return
         self._held = list(self._tensors())
         self._versions = {name: t._version for name, t in self._held}
+        self._version_list = [t._version for _, t in self._held]
         self._read = dict(values) if values is not None else None
         self._current = current
 
@@ -81,6 +83,7 @@ class HostWeights:
         run for shapes, the compile's trace): their versions moved, their values did not."""
         if self._active:
             self._versions = {name: t._version for name, t in self._held}
+            self._version_list = [t._version for _, t in self._held]
 
     def sent(self, trains: bool) -> None:
         """A step was sent to the device; a training step makes the host copies out of date."""
@@ -91,6 +94,8 @@ class HostWeights:
     def _edited(self) -> list[str]:
         if not self._active:
             return []
+        if self._read is None and [t._version for _, t in self._held] == self._version_list:
+            return []  # the common step: one pass over the version counters
         edited = []
         read = self._read
         for name, t in self._held:
@@ -124,6 +129,7 @@ class HostWeights:
             self._versions[name] = own[name]._version
             if self._read is not None:
                 self._read[name] = self._pending[name]
+        self._version_list = [t._version for _, t in self._held]
 
     def take(self) -> dict[str, torch.Tensor]:
         """At the step's boundary, before it is sent: the edits to write to the device first (made

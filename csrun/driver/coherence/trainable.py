@@ -25,11 +25,12 @@ class TrainableSetChanged(UserError):
     """The trainable weights or the optimizer's groups changed in the middle of a step."""
 
 
-def fingerprint(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> tuple[Any, ...]:
-    """Which of the model's weights train, and which weights each param group holds."""
-    trains = tuple((id(p), p.requires_grad) for p in model.parameters()) if model is not None else ()
-    groups = tuple(tuple(id(p) for p in g["params"]) for g in optimizer.param_groups) if optimizer is not None else ()
-    return trains, groups
+def fingerprint(modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer | None) -> tuple[Any, ...]:
+    """Which weights of ``modules`` (the model's) train, and which weights each param group holds
+    (every step: a walk of the modules' own parameter dicts, not ``model.parameters()``'s)."""
+    params = [p for m in modules for p in m._parameters.values() if p is not None]
+    groups = tuple(tuple(map(id, g["params"])) for g in optimizer.param_groups) if optimizer is not None else ()
+    return tuple(map(id, params)), tuple([p.requires_grad for p in params]), groups
 
 
 class TrainableSet:
@@ -65,18 +66,19 @@ class TrainableSet:
     def describe(self, model: torch.nn.Module, before: tuple[Any, ...] | None = None) -> str:
         """What changed since the compiled set, for the recompile notice."""
         old = before if before is not None else self._compiled
-        was = dict(old[0]) if old else {}
+        was = dict(zip(old[0], old[1])) if old else {}
+        seen = list(zip(self._seen[0], self._seen[1])) if self._seen else []
         names = {id(p): n for n, p in model.named_parameters()}
-        started = [names[i] for i, t in (self._seen or ((), ()))[0] if t and not was.get(i, False) and i in names]
-        stopped = [names[i] for i, t in (self._seen or ((), ()))[0] if not t and was.get(i, False) and i in names]
+        started = [names[i] for i, t in seen if t and not was.get(i, False) and i in names]
+        stopped = [names[i] for i, t in seen if not t and was.get(i, False) and i in names]
         parts = []
         if started:
             parts.append(f"{_few(started)} now train{'s' if len(started) == 1 else ''}")
         if stopped:
             parts.append(f"{_few(stopped)} no longer train{'s' if len(stopped) == 1 else ''}")
-        if old and self._seen and old[1] != self._seen[1]:
-            parts.append(f"the optimizer has {len(self._seen[1])} param groups (compiled with {len(old[1])})"
-                         if len(old[1]) != len(self._seen[1]) else "the optimizer's param groups hold other weights")
+        if old and self._seen and old[2] != self._seen[2]:
+            parts.append(f"the optimizer has {len(self._seen[2])} param groups (compiled with {len(old[2])})"
+                         if len(old[2]) != len(self._seen[2]) else "the optimizer's param groups hold other weights")
         return "; ".join(parts) or "the trainable set changed"
 
 
