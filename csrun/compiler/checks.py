@@ -177,15 +177,15 @@ def check_lazy_state(optimizer: torch.optim.Optimizer | None) -> list[CompileErr
 
 
 def check_precision(model: torch.nn.Module, settings: CompileSettings) -> list[CompileError]:
-    """With mixed precision on, every floating-point weight must be float32."""
-    if not settings.mixed_precision:
-        return []
+    """Every floating-point weight must be float32: the device keeps float32 weights (the system
+    did), and computes in 16 bits from them when mixed precision is on; a float64 or 16-bit model
+    would compute otherwise than its eager run."""
     bad = [(n, p.dtype) for n, p in model.named_parameters() if p.is_floating_point() and p.dtype != torch.float32]
     if not bad:
         return []
     listed = ", ".join(f"{n} ({str(d).removeprefix('torch.')})" for n, d in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-    return [WeightsNotFloat32(f"mixed_precision is on but {len(bad)} weight(s) are not float32: {listed}",
-                              location=caller_location())]
+    why = "mixed_precision is on but" if settings.mixed_precision else "the device keeps float32 weights, but"
+    return [WeightsNotFloat32(f"{why} {len(bad)} weight(s) are not float32: {listed}", location=caller_location())]
 
 
 def check_dataloader(dataloader: Any) -> list[CompileError]:

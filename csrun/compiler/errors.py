@@ -139,10 +139,10 @@ class CumulativeBatchNorm(CompileError):
 
 
 class WeightsNotFloat32(CompileError):
-    """Model weights that are not float32 while mixed precision is on."""
+    """Model weights that are not float32 (the device keeps float32 weights)."""
 
-    fix = ("keep the weights float32 (e.g. model.float()); with mixed_precision the system "
-           "stores float32 weights and casts the compute to float16/cbfloat16 itself")
+    fix = ("keep the weights float32 (model.float()); for 16-bit compute turn mixed_precision on (the system "
+           "stores float32 weights and casts the compute to float16/bfloat16/cbfloat16 itself) or use torch.autocast")
 
 
 class UnsupportedOutput(CompileError):

@@ -133,7 +133,8 @@ def optimizer_spec_from_torch(optimizer: torch.optim.Optimizer, *, model: torch.
             entry["learning_rate"] = learning_rates[i]
         pnames = []
         for p in g["params"]:
-            pnames.append(names.get(id(p), f"#{index}"))
+            if model is None or id(p) in names:  # else a weight the model no longer has (replaced since): not trained
+                pnames.append(names.get(id(p), f"#{index}"))
             index += 1
         param_groups.append({"params": pnames, **entry})
     if len(param_groups) == 1 and _holds_every_trainable(optimizer, model):

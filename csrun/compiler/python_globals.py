@@ -8,6 +8,9 @@ notes, for every function of the user's code the forward ran (not torch's, csrun
 standard library's), the plain values it can read: the globals its code loads (``LOAD_GLOBAL``)
 and its closure variables. Those are the call's :class:`Guard` s:
 
+* the plain attributes of the model's modules their methods read (``self.keep_cols``,
+  ``self.cfg``: a list or a config changed in place), beside the assignments
+  :mod:`csrun.compiler.python_state` hears;
 * at each later call, :func:`changed` compares them with the values now (a few dictionary
   reads); a changed one compiles the step again, with one notice (the driver's recorder does
   this, as for a module attribute the script assigned: :mod:`csrun.compiler.python_state`);
@@ -33,6 +36,8 @@ import threading
 import types
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
+
+import torch
 
 from csrun.compiler.errors import CompileError, Location
 from csrun.compiler.locate import is_user_file, location_of
@@ -63,6 +68,8 @@ class Guard:
     """The module (or function) it belongs to, for messages."""
     assigned_at: Location | None = None
     """Where the user's code run by the call assigns it, if it does (``global n; n += 1``)."""
+    kind: str = "global"
+    """``global``, ``variable`` (of a closure) or ``attribute`` (of a module), for messages."""
 
     def current(self) -> Any:
         """Its value now (``_MISSING`` when it is gone)."""
@@ -74,8 +81,8 @@ class Guard:
             return _MISSING
 
     def describe(self) -> str:
-        """``module.name``, or ``name`` in ``function``."""
-        return f"{self.owner}.{self.name}" if isinstance(self.where, dict) else f"{self.name} (in {self.owner})"
+        """``module.name`` (a global), ``Class.name`` (an attribute), or ``name (in function)``."""
+        return f"{self.name} (in {self.owner})" if self.kind == "variable" else f"{self.owner}.{self.name}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -83,6 +90,13 @@ def _global_loads(code: types.CodeType) -> tuple[str, ...]:
     """The global names a code object loads."""
     return tuple(sorted({i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"
                          and isinstance(i.argval, str)}))
+
+
+@functools.lru_cache(maxsize=4096)
+def _attribute_loads(code: types.CodeType) -> tuple[str, ...]:
+    """The attribute names a code object loads (``self.scale``: ``scale``)."""
+    return tuple(sorted({i.argval for i in dis.get_instructions(code)
+                         if i.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(i.argval, str)}))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -103,6 +117,8 @@ class GlobalReads:
 
     def __init__(self) -> None:
         self._frames: dict[types.CodeType, tuple[dict[str, Any], tuple[Any, ...]]] = {}
+        self._modules: dict[int, tuple[torch.nn.Module, set[types.CodeType]]] = {}
+        """The modules whose methods ran (``self``), with their code: their attributes the code reads."""
 
     @contextlib.contextmanager
     def watching(self) -> Iterator["GlobalReads"]:
@@ -113,8 +129,12 @@ class GlobalReads:
         def profile(frame: types.FrameType, event: Any, arg: Any) -> None:
             if event == "call":
                 code = frame.f_code
-                if code not in frames and is_user_file(code.co_filename):
-                    frames[code] = (frame.f_globals, _cells(frame))
+                if is_user_file(code.co_filename):
+                    if code not in frames:
+                        frames[code] = (frame.f_globals, _cells(frame))
+                    owner = frame.f_locals.get("self") if code.co_argcount else None
+                    if isinstance(owner, torch.nn.Module):
+                        self._modules.setdefault(id(owner), (owner, set()))[1].add(code)
             if previous is not None:
                 previous(frame, event, arg)
 
@@ -141,7 +161,16 @@ class GlobalReads:
                     continue
                 if plain(value) and (id(cell), name) not in found:
                     found[(id(cell), name)] = Guard(cell, name, _kept(value), code.co_qualname,
-                                                    self._assigned(name, None))
+                                                    self._assigned(name, None), kind="variable")
+        for module, codes in self._modules.values():
+            own = module.__dict__
+            held = (own.get("_parameters", {}), own.get("_buffers", {}), own.get("_modules", {}))
+            for name in {n for code in codes for n in _attribute_loads(code)}:
+                value = own.get(name, _MISSING)
+                if value is _MISSING or name.startswith("_") or name == "training" or any(name in h for h in held) \
+                        or not plain(value) or (id(own), name) in found:
+                    continue
+                found[(id(own), name)] = Guard(own, name, _kept(value), type(module).__qualname__, kind="attribute")
         return tuple(found.values())
 
     def _assigned(self, name: str, namespace: dict[str, Any] | None) -> Location | None:
@@ -194,8 +223,14 @@ def global_changes(guards: tuple[Guard, ...]) -> list[CompileError]:
 
 def _changed_by_forward(guard: Guard, now: Any) -> ForwardChangesPythonGlobal:
     return ForwardChangesPythonGlobal(
-        f"the forward changes the Python {'global' if isinstance(guard.where, dict) else 'variable'} "
-        f"{guard.describe()} each call ({guard.value!r} -> {now!r})", location=guard.assigned_at)
+        f"the forward changes the Python {guard.kind} {guard.describe()} each call ({short(guard.value)} -> "
+        f"{short(now)})", location=guard.assigned_at)
+
+
+def short(value: Any) -> str:
+    """A value's repr, cut to 60 characters (for notices)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 _SINK = threading.local()
@@ -230,7 +265,8 @@ def values_set(guards: tuple[Guard, ...]) -> Iterator[None]:
         if sink is not None:
             for g in guards:
                 now = g.current()
-                if now is not _MISSING and not _same(now, g.value) and not any(p.location == g.assigned_at for p in sink):
+                if now is not _MISSING and not isinstance(now, torch.Tensor) and not _same(now, g.value) \
+                        and not any(p.location == g.assigned_at for p in sink):  # (a tensor: the capture's own)
                     sink.append(_changed_by_forward(g, now))
     finally:
         for g, value in saved:

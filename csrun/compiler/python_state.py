@@ -26,7 +26,10 @@ reads the value again at every call, so csrun watches the values a script change
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import enum
+import types
 import threading
 import weakref
 from dataclasses import dataclass
@@ -70,11 +73,21 @@ SMALL_TENSOR = 4096
 mask): the capture bakes it into the program as a constant, so a new one recompiles."""
 
 
+def _namespace(value: Any) -> bool:
+    """A simple record of values: a ``SimpleNamespace`` or a dataclass instance (a config object)."""
+    return isinstance(value, types.SimpleNamespace) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+
+
 def plain(value: Any) -> bool:
-    """Whether ``value`` is plain data a step can depend on: Python data that ``==`` compares, or
-    a small tensor attribute that is not a parameter (the capture's constants)."""
+    """Whether ``value`` is plain data a step can depend on: Python data that ``==`` compares
+    (containers and simple records of it, a config namespace or dataclass), or a small tensor
+    attribute that is not a parameter (the capture's constants)."""
     if value is None or isinstance(value, (bool, int, float, str, bytes, enum.Enum)):
         return True
+    if _namespace(value):
+        fields = vars(value) if isinstance(value, types.SimpleNamespace) else \
+            {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return len(fields) <= 64 and all(plain(v) for v in fields.values())
     if isinstance(value, torch.Tensor):
         return not isinstance(value, torch.nn.Parameter) and value.numel() <= SMALL_TENSOR and not value.is_meta
     if isinstance(value, (tuple, list)):
@@ -97,8 +110,23 @@ class PythonStateWatch:
         self._first: dict[tuple[int, str], tuple[torch.nn.Module, Any]] = {}
         """(module, name) -> the module and the value before it was first assigned."""
         self._last: dict[tuple[int, str], Change] = {}
+        self.structure_version = 0
+        """Bumped by every assignment of a submodule, a parameter or a ``forward`` to one of the
+        model's modules (the model the step runs is another one: :meth:`structure_changed`)."""
+        self.last_structure_change: Change | None = None
+        self.adopt(model)
+
+    def adopt(self, model: torch.nn.Module) -> None:
+        """Watch every module of ``model`` (the modules added since, after a structure change)."""
         for m in model.modules():
             _OWNERS[m] = self
+
+    def structure_changed(self, module: torch.nn.Module, name: str, value: Any, old: Any) -> None:
+        """The hook: ``module.name = value`` replaces a submodule, a parameter or the ``forward``."""
+        self.structure_version += 1
+        self.version += 1
+        self.last_structure_change = Change(module=module, name=name, old=_kind_of(old), new=_kind_of(value),
+                                            location=caller_location())
 
     def assigned(self, module: torch.nn.Module, name: str, value: Any, old: Any) -> None:
         """The hook: ``module.name = value`` (a plain value, replacing ``old``) is about to happen."""
@@ -133,6 +161,12 @@ def _hook(module: torch.nn.Module, name: str, value: Any) -> None:
         watch = _OWNERS.get(module)
         if watch is not None:
             watch.mode_version += 1
+        return
+    if isinstance(value, (torch.nn.Module, torch.nn.Parameter)) or name == "forward":
+        watch = _OWNERS.get(module)
+        if watch is not None and getattr(_CAPTURE, "capture", None) is None:
+            watch.structure_changed(module, name, value, module.__dict__.get(name, _MISSING)
+                                    if name == "forward" else getattr(module, name, _MISSING))
         return
     if not plain(value):
         return
@@ -169,8 +203,25 @@ def in_forward(model: torch.nn.Module) -> Iterator[list[Change]]:
         _CAPTURE.capture = previous
 
 
+def _kind_of(value: Any) -> str:
+    """A short name of what an attribute holds, for the notice of a structure change."""
+    if value is _MISSING or value is None:
+        return "nothing"
+    if isinstance(value, torch.nn.Parameter):
+        return f"a parameter {tuple(value.shape)}"
+    if isinstance(value, torch.nn.Module):
+        return type(value).__name__
+    return getattr(value, "__qualname__", type(value).__name__)
+
+
 def _kept(value: Any) -> Any:
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+    """A copy of a plain value to compare with later (tensors and containers copied, so a change
+    in place shows)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, dict, tuple)) or _namespace(value):
+        return copy.deepcopy(value)
+    return value
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -43,6 +43,7 @@ the interpreter).
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import logging
 import os
@@ -76,7 +77,7 @@ from csrun.driver.recorded_step import Recording
 from csrun.driver.step_recording import StepRecorder
 from csrun.driver.step_values import GRAD_NORM, StepValue
 from csrun.driver.schedulers import SchedulerWatch
-from csrun.driver.state_view import StateView, copy_into
+from csrun.driver.state_view import StateView, copy_into, mark_routed
 from csrun.driver.steps import StepOrder
 from csrun.driver.verify import StepCheck, StepFacts, Verifier, draws_random
 from csrun.emulator.remote.auth_token import client_token
@@ -160,6 +161,12 @@ def open_device(options: DeviceOptions) -> Device:
     return EmbeddedDevice(device=options.device, queue_depth=options.queue_depth)
 
 
+_ROOT_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+               "_forward_hooks_always_called")
+"""The wrapped model's own call hooks: they run around each ``model(...)`` in the loop (on step
+values, so the recording holds what they do), not around the recorded step's replay."""
+
+
 def _holds_step_values(obj: Any) -> bool:
     """Whether any tensor in ``obj`` (tuples, lists, dicts) is a step value."""
     return any(isinstance(leaf, StepValue) for leaf in pytree.tree_leaves(obj))
@@ -190,6 +197,10 @@ class DeviceDriver:
         """The training state kept aside while an eval program is loaded."""
         self._train_held: tuple[str, ...] = ()
         """The gradients eager holds, kept aside with :attr:`train_state`."""
+        self._loaded_names: dict[int, str] = {}
+        """The model's weights and buffers by ``id`` when the program was loaded: their names there."""
+        self._optimizer_kept: dict[str, Any] = {}
+        """Each weight's optimizer state, by name, as last carried over (a frozen weight's stays)."""
         self.steps_taken = 0
         """Optimizer steps taken (plus a loaded state's): :meth:`global_step`."""
         self.order = StepOrder()
@@ -236,6 +247,7 @@ class DeviceDriver:
         def forward(*args: Any, **kwargs: Any) -> Any:
             return driver.forward(*args, **kwargs)
 
+        mark_routed(forward)
         model.forward = forward  # instance attribute: nn.Module.__call__ finds it first
         own_zero_grad = model.zero_grad
 
@@ -245,6 +257,7 @@ class DeviceDriver:
             with driver.view.internal():  # csrun's own walk over the weights, not the script's read
                 own_zero_grad(set_to_none)
 
+        mark_routed(zero_grad)
         model.zero_grad = zero_grad  # type: ignore[method-assign]  # the device's gradients go too
         self.model = model
         self._weight_ids = frozenset(id(p) for p in model.parameters())
@@ -262,6 +275,10 @@ class DeviceDriver:
         driver = self
 
         def step(self: torch.optim.Optimizer, closure: Any = None) -> None:
+            if closure is not None:
+                raise DeviceUsageError(f"{at(caller_location())}optimizer.step(closure): the closure runs the model "
+                                       "again inside step() (LBFGS, SAM), but the device runs one forward and one "
+                                       "backward per step; call the closure's body in the loop, then step()")
             self._opt_called = True  # type: ignore[attr-defined]  # what torch's schedulers look for
             driver.optimizer_step()
 
@@ -275,7 +292,7 @@ class DeviceDriver:
         self.optimizer = optimizer
         self.schedulers = SchedulerWatch(optimizer)
         self.view.attach_optimizer(optimizer)
-        self.coherence.attach_optimizer(optimizer)
+        self.coherence.attach_optimizer(optimizer, self._optimizer_slots)
         return optimizer
 
     @contextlib.contextmanager
@@ -287,9 +304,13 @@ class DeviceDriver:
             for name in names:
                 if obj is not None and name in obj.__dict__:
                     saved.append((obj, name, obj.__dict__.pop(name)))
+        if self.model is not None:  # the model's own hooks ran in the loop, around each call: the recording has them
+            for name in _ROOT_HOOKS:
+                saved.append((self.model, name, self.model.__dict__[name]))
+                self.model.__dict__[name] = collections.OrderedDict()
         forward = self._model_forward
         if self.model is not None and forward is not None:
-            self.model.forward = recording.replay_forward(forward, self.model)  # type: ignore[method-assign]
+            self.model.__dict__["forward"] = recording.replay_forward(forward, self.model)  # past the structure watch
         try:
             yield
         finally:
@@ -528,6 +549,8 @@ class DeviceDriver:
                 plan = self.coherence.plan(plan, device.state_dict)
         if writes is not None:  # the host's edits, before the step (after every step sent before it)
             device.load_state_dict(writes, strict=False, load_optimizer=False)
+        if self.coherence.optimizer_state_edited:
+            self._write_optimizer_state()
         check = None
         if self.verifier.wants(self.steps_begun):
             check = self.verifier.start(self.steps_begun, self._unchecked_because(step, plan),
@@ -695,6 +718,11 @@ class DeviceDriver:
             self._load_onto_device(pending)
         self.coherence.loaded(trains=mode == "train", host_lr=self._host_learning_rate(),
                               host_current=not self.view.stale)
+        if self.model is not None:
+            with self.view.internal():
+                self.view.attach_model(self.model)  # modules added since the last program
+                self._loaded_names = {id(t): n for n, t in [*self.model.named_parameters(),
+                                                            *self.model.named_buffers()]}
         if self.compile_info is not None:
             self.compile_info = replace(self.compile_info, programming_time=time.perf_counter() - t0)
         return loaded
@@ -707,14 +735,64 @@ class DeviceDriver:
 
     def _carry_over(self, mode: Mode) -> PendingState:
         """Switching programs (train <-> eval, or another train program): the weights (and training
-        state, and the gradients eager holds) to load into the next."""
-        current = self.get_state()
+        state, and the gradients eager holds) to load into the next. A weight the structure change
+        renamed (pruning's ``weight_orig``, a parametrization's ``original``) keeps its state, and a
+        weight that left the trainable set gets its optimizer state back when it returns."""
+        with self.view.internal():
+            self._flush_edits()
+            device_state = legacy_state.renamed(self._device().state_dict(), *self._renames())
+            current = self._get_state(device_state)
         if self.loaded is not None and self.loaded.mode == "train" and self.device is not None:
+            self._keep_optimizer_state(current)
             self.train_state = current
-            self._train_held = tuple(self.device.state_dict().get("gradients_held") or ())
+            self._train_held = tuple(device_state.get("gradients_held") or ())
         carried = self.train_state if mode == "train" and self.train_state is not None else current
         return PendingState(state=carried, strict=False, load_optimizer=mode == "train",
                             gradients_held=self._train_held if mode == "train" else None)
+
+    def _optimizer_slots(self) -> Mapping[int, Mapping[str, Any]] | None:
+        """The device's optimizer state by the host optimizer's numbering (None: nothing loaded)."""
+        with self.view.internal():
+            state = self.device_state()
+        if state is None or not self.loaded or self.loaded.mode != "train":
+            return None
+        return (state.get("optimizer") or {}).get("state") or {}
+
+    def _write_optimizer_state(self) -> None:
+        """The script changed the optimizer's state on the host: the device takes it (before the step)."""
+        self.coherence.optimizer_state_edited = False
+        if self.optimizer is None:
+            return
+        with self.view.internal():
+            self.load_optimizer_state(torch.optim.Optimizer.state_dict(self.optimizer))
+        if self.coherence.optimizer_state is not None:
+            self.coherence.optimizer_state.synced()
+
+    def _renames(self) -> tuple[dict[str, str], set[str]]:
+        """The loaded program's weight names whose weights the model now names otherwise (old ->
+        new), and those whose name the model gave to another tensor since (a weight replaced:
+        the model's new one is kept, as eager keeps it)."""
+        if self.model is None:
+            return {}, set()
+        with self.view.internal():
+            now = {id(t): n for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]}
+        renames = {old: now[i] for i, old in self._loaded_names.items() if i in now and now[i] != old}
+        taken = set(now.values())
+        replaced = {old for i, old in self._loaded_names.items() if i not in now and old in taken}
+        return renames, replaced
+
+    def _keep_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Remember each weight's optimizer state by name, and give a weight the device does not
+        hold now (frozen, since unfrozen) the state it had when it last trained."""
+        names = legacy_state.param_order(self.model, self.optimizer) or []
+        slots = (state.get("optimizer") or {}).get("state")
+        if not isinstance(slots, dict):
+            return
+        for index, name in enumerate(names):
+            if index in slots:
+                self._optimizer_kept[name] = slots[index]
+            elif name in self._optimizer_kept:
+                slots[index] = self._optimizer_kept[name]
 
     def _device(self) -> Device:
         """The device, opened on first use (and closed at interpreter exit)."""
@@ -741,14 +819,14 @@ class DeviceDriver:
         if writes is not None:
             self.device.load_state_dict(writes, strict=False, load_optimizer=False)
 
-    def _get_state(self) -> dict[str, Any]:
+    def _get_state(self, device_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if self.loaded is None or self.device is None:
             if self.pending is not None:
                 return dict(self.pending.state)
             return legacy_state.eager_state(self.model, self.optimizer, self.steps_taken)
-        schedulers = self.schedulers is not None and bool(self.schedulers.schedulers)
-        state = legacy_state.from_device(self.device.state_dict(), self.model, self.optimizer,
-                                         own_learning_rates=schedulers)
+        own_rates = self._host_learning_rate() or (self.schedulers is not None and bool(self.schedulers.schedulers))
+        state = legacy_state.from_device(device_state or self.device.state_dict(), self.model, self.optimizer,
+                                         own_learning_rates=own_rates)
         if self.loaded.mode != "train":
             state["global_step"] = self.steps_taken
             if self.train_state is not None:

@@ -63,12 +63,12 @@ def step_of(state: Mapping[str, Any]) -> int:
 
 
 def param_order(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> list[str] | None:
-    """Parameter names in the user optimizer's numbering (None when a parameter has no name)."""
+    """Parameter names in the user optimizer's numbering (``#i`` for one the model no longer has:
+    a weight replaced since, which no device weight's name matches); None without both."""
     if model is None or optimizer is None:
         return None
     name_of = {id(p): n for n, p in model.named_parameters()}
-    names = [name_of.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
-    return None if any(n is None for n in names) else names  # type: ignore[return-value]
+    return [name_of.get(id(p), f"#{i}") for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])]
 
 
 def eager_state(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, global_step: int) -> dict:
@@ -151,6 +151,22 @@ def _device_learning_rates(groups: list[dict[str, Any]], dev_groups: list[dict[s
         found = next((group_of[names[k]] for k in g.get("params", ()) if names[k] in group_of), None)
         if found is not None and found < len(dev_groups) and "lr" in dev_groups[found]:
             g["lr"] = dev_groups[found]["lr"]
+
+
+def renamed(dev: Mapping[str, Any], renames: Mapping[str, str], dropped: set[str]) -> dict[str, Any]:
+    """A device state with its weights' names changed by ``renames`` (old -> new), where the model
+    calls a weight otherwise since the program was loaded (pruning, a parametrization), and without
+    the values of ``dropped`` (weights the model replaced since: the model's new ones stand)."""
+    out = dict(dev)
+    if not renames and not dropped:
+        return out
+    for key in ("params", "buffers"):
+        if isinstance(out.get(key), dict):
+            out[key] = {renames.get(n, n): t for n, t in out[key].items() if n not in dropped}
+    for key in ("param_names", "gradients_held"):
+        if isinstance(out.get(key), list):
+            out[key] = [renames.get(n, n) for n in out[key]]
+    return out
 
 
 def to_device(state: Mapping[str, Any], template: Mapping[str, Any], model: torch.nn.Module | None,

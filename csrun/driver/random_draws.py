@@ -25,26 +25,30 @@ Anything else (a draw whose probabilities are the step's values: ``torch.bernoul
 ``multinomial``, ``rrelu``, alpha dropout) stays the device's: its numbers are not eager's, and
 the driver says so in one notice (:func:`csrun.driver.verify.draws_random` finds it in the program).
 
-How: a :class:`Draws` torch-function mode. While a step's first call runs on the host for
-shapes (the recording), it draws (:meth:`Draws.recording`) and notes each draw's :class:`Draw`;
-a later step's call draws the same from its notes (:func:`draw`); a replay of the recorded call
-(the compile's trace, the check against eager) takes the step's drawn inputs instead
+How: while a :class:`Draws` is active on a thread, the random functions (``F.dropout*`` and
+``F.scaled_dot_product_attention`` in the functional module, where ``nn.Dropout`` and
+``nn.MultiheadAttention`` look them up too; ``torch.rand*``; the tensor fills) answer that
+thread's calls through it. While a step's first call runs on the host for shapes (the
+recording), it draws (:meth:`Draws.recording`) and notes each draw's :class:`Draw`; a later
+step's call draws the same from its notes (:func:`draw`); a replay of the recorded call (the
+compile's trace, the check against eager) takes the step's drawn inputs instead
 (:meth:`Draws.replaying`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import os
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from csrun.compiler.errors import Location
-from csrun.compiler.locate import caller_location
+from csrun.compiler.locate import caller_location, is_user_file
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,14 @@ class Draw:
 
 
 _DROPOUTS = {F.dropout: F.dropout, F.dropout1d: F.dropout1d, F.dropout2d: F.dropout2d, F.dropout3d: F.dropout3d}
+_ATTENTION = F.scaled_dot_product_attention
+_DROPOUT = F.dropout
+"""torch's own (the names in ``F`` are csrun's while a :class:`Draws` is active)."""
 _FACTORIES = frozenset({torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal})
 _LIKES = frozenset({torch.rand_like, torch.randn_like, torch.randint_like, torch.bernoulli})
 _FILLS = frozenset({"uniform_", "normal_", "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_",
                     "random_"})
-DRAWN = (*_DROPOUTS, F.scaled_dot_product_attention, *_FACTORIES, *_LIKES)
+DRAWN = (*_DROPOUTS, _ATTENTION, *_FACTORIES, *_LIKES)
 """The torch functions (besides the tensor fills :data:`_FILLS`) whose draws the host makes."""
 
 
@@ -108,7 +115,7 @@ def plan_draw(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
             return None  # no draw in eager either (or p == 1: zeros)
         draw = Draw("dropout", func, tuple(x.shape), tuple(x.stride()), x.dtype, (float(p), True), (), where)
         return draw, (lambda noise: x.mul_(noise) if inplace else x * noise)
-    if func is F.scaled_dot_product_attention:
+    if func is _ATTENTION:
         return _attention(args, kwargs, where)
     if func in _FACTORIES:
         if not _no_tensors(args, kwargs) or func is torch.normal and not args and "size" not in kwargs:
@@ -133,7 +140,7 @@ def plan_draw(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
 def _attention(args: tuple[Any, ...], kwargs: dict[str, Any],
                where: Location | None) -> tuple[Draw, Callable[[torch.Tensor], Any]] | None:
     q, k, v, mask, p, causal, scale, gqa = _bound(
-        F.scaled_dot_product_attention, args, kwargs,
+        _ATTENTION, args, kwargs,
         ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
         (None, None, None, None, 0.0, False, None, False))
     tensors = (q, k, v)
@@ -142,7 +149,7 @@ def _attention(args: tuple[Any, ...], kwargs: dict[str, Any],
         return None
     shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
     stride = torch.empty(shape, device="meta").stride()
-    draw = Draw("attention", F.dropout, tuple(shape), tuple(stride), q.dtype, (float(p), True), (), where)
+    draw = Draw("attention", _DROPOUT, tuple(shape), tuple(stride), q.dtype, (float(p), True), (), where)
 
     def attend(noise: torch.Tensor) -> torch.Tensor:
         # torch's CPU path with dropout: the math kernel's weights, eager's dropout, then the values
@@ -158,11 +165,10 @@ def draw(spec: Draw) -> torch.Tensor:
         return spec.make()
 
 
-class Draws(TorchFunctionMode):
+class Draws:
     """Random calls answered from host draws (see the module manual)."""
 
     def __init__(self, given: list[torch.Tensor] | None) -> None:
-        super().__init__()
         self._given = given
         self.made: list[tuple[Draw, torch.Tensor]] = []
         """While recording: each draw, with its numbers."""
@@ -170,37 +176,100 @@ class Draws(TorchFunctionMode):
     @classmethod
     @contextlib.contextmanager
     def recording(cls) -> Iterator["Draws"]:
-        """Draw on the host, noting each draw (the recorded call's run); random calls the host
-        does not draw leave the global generator where it was (the device draws them)."""
-        with cls(None) as mode:
-            yield mode
+        """Draw on the host, noting each draw (the recorded call's run)."""
+        with _active(cls(None)) as draws:
+            yield draws
 
     @classmethod
     @contextlib.contextmanager
     def replaying(cls, given: list[torch.Tensor]) -> Iterator["Draws"]:
         """Answer the random calls with ``given``, in order (a replay of a recorded call)."""
-        with cls(list(given)) as mode:
-            yield mode
-        if mode._given:
-            raise RuntimeError(f"csrun: a replay left {len(mode._given)} drawn inputs unused")  # a csrun bug
+        with _active(cls(list(given))) as draws:
+            yield draws
+        if draws._given:
+            raise RuntimeError(f"csrun: a replay left {len(draws._given)} drawn inputs unused")  # a csrun bug
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        planned = plan_draw(func, args, kwargs) if maybe_random(func) else None
+    def call(self, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A random call made while this is active: drawn on the host (or taken from the given
+        draws) when :func:`plan_draw` can, else made as it is."""
+        planned = plan_draw(original, args, kwargs)
         if planned is None:
-            if self._given is None and _draws(func):
-                with torch.random.fork_rng(devices=[]):  # the device draws it: the host's stream stays
-                    return func(*args, **kwargs)
-            return func(*args, **kwargs)
+            return original(*args, **kwargs)
         spec, result = planned
-        if self._given is None:
-            noise = draw(spec)
-            self.made.append((spec, noise))
-        else:
-            if not self._given:
-                raise RuntimeError("csrun: a replay made more draws than the recorded call")  # a csrun bug
-            noise = self._given.pop(0)
-        return result(noise)
+        _STATE.draws = None  # the draw and its use call torch's own functions
+        try:
+            if self._given is None:
+                noise = draw(spec)
+                self.made.append((spec, noise))
+            else:
+                if not self._given:
+                    raise RuntimeError("csrun: a replay made more draws than the recorded call")  # a csrun bug
+                noise = self._given.pop(0)
+            return result(noise)
+        finally:
+            _STATE.draws = self
+
+
+_STATE = threading.local()
+_lock = threading.Lock()
+_installed = 0
+_PATCHED: list[tuple[Any, str, Any]] = []
+"""(owner, name, original) of every function csrun answers while a :class:`Draws` is active."""
+
+
+def _targets() -> list[tuple[Any, str, Any]]:
+    """The random functions to answer, where scripts and torch's own modules look them up: the
+    functional module's names (``nn.Dropout`` and ``F.multi_head_attention_forward`` find them
+    there), ``torch``'s, and the tensor fills."""
+    out = [(F, f.__name__, f) for f in (*_DROPOUTS, _ATTENTION)]
+    out += [(torch, f.__name__, f) for f in (*_FACTORIES, *_LIKES)]
+    out += [(torch.Tensor, name, getattr(torch.Tensor, name)) for name in sorted(_FILLS)]
+    return out
+
+
+_TORCH_NN = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "nn") + os.sep
+
+
+def _scripts(filename: str) -> bool:
+    """A call from the user's code or from torch's modules (``nn.Dropout``, ``F.multi_head_attention_forward``),
+    not from torch's compiler machinery (dynamo, inductor: a compiled submodule's own draws)."""
+    return filename.startswith(_TORCH_NN) or is_user_file(filename)
+
+
+def _answering(original: Any) -> Any:
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        draws = getattr(_STATE, "draws", None)
+        if draws is None or not _scripts(sys._getframe(1).f_code.co_filename):
+            return original(*args, **kwargs)
+        return draws.call(original, args, kwargs)
+
+    answer.__name__ = getattr(original, "__name__", "random")
+    answer.__doc__ = getattr(original, "__doc__", None)
+    return answer
+
+
+@contextlib.contextmanager
+def _active(draws: Draws) -> Iterator[Draws]:
+    """``draws`` answers this thread's random calls for the block (the functions patched once,
+    while any thread has one active; other threads' calls go to torch's own)."""
+    global _installed
+    with _lock:
+        if _installed == 0:
+            _PATCHED[:] = _targets()
+            for owner, name, original in _PATCHED:
+                setattr(owner, name, _answering(original))
+        _installed += 1
+    outer = getattr(_STATE, "draws", None)
+    _STATE.draws = draws
+    try:
+        yield draws
+    finally:
+        _STATE.draws = outer
+        with _lock:
+            _installed -= 1
+            if _installed == 0:
+                for owner, name, original in _PATCHED:
+                    setattr(owner, name, original)
 
 
 _MAYBE = {id(f) for f in DRAWN}
@@ -211,17 +280,3 @@ def maybe_random(func: Any) -> bool:
     return id(func) in _MAYBE or getattr(func, "__name__", "") in _FILLS
 
 
-def _draws(func: Any) -> bool:
-    """Whether a torch function draws random numbers (its ATen overloads are tagged so)."""
-    return _tagged_random(getattr(func, "__name__", ""))
-
-
-@functools.lru_cache(maxsize=1024)
-def _tagged_random(name: str) -> bool:
-    op = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
-    if op is None:
-        return False
-    try:
-        return any(torch.Tag.nondeterministic_seeded in getattr(op, o).tags for o in op.overloads())
-    except (AttributeError, RuntimeError):
-        return False

@@ -54,6 +54,12 @@ class Entry:
     guards: dict[tuple[int, str], Any] | None = None
     """A model call's Python values: those the script has assigned to the model's modules
     (:mod:`csrun.compiler.python_state`), as they were when the call was recorded."""
+    mutable_guards: bool = False
+    """Some of :attr:`guards` can change in place (a tensor, a list): compared at every call."""
+    structure: int = 0
+    """The model's structure version when the call was recorded (:class:`~csrun.compiler.python_state.PythonStateWatch`)."""
+    hooks: tuple[int, ...] = ()
+    """How many hooks each module had (:func:`csrun.driver.step_recording._hooks_of`)."""
     globals: tuple[Guard, ...] = ()
     """A model call's Python globals and closure variables its forward reads
     (:mod:`csrun.compiler.python_globals`), as they were when the call was recorded."""
@@ -116,6 +122,7 @@ class Recording:
             name = "model" if e.func is None else f"{getattr(e.func, '__module__', '')}.{getattr(e.func, '__qualname__', repr(e.func))}"
             how = (f"{' after update' if e.after_update else ''}{'' if e.grad else ' no_grad'}{describe_modes(e.modes)}"
                    f"{' autocast ' + e.autocast if e.autocast else ''}"
+                   f"{f' structure {e.structure} hooks {sum(e.hooks)}' if e.func is None else ''}"
                    f"{' with ' + ', '.join(e.guard_names) if e.guard_names else ''}")
             lines.append(f"{name}{describe(tuple(e.args))}{describe(e.kwargs)} -> {list(e.results)}{how}")
         lines.append(f"loss {self.loss} kept {list(self.kept)}")

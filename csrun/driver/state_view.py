@@ -23,6 +23,10 @@ them coherent:
   copies as torch does, then the device's copy (now when a program is loaded, else with the
   program when it is).
 
+A copy of the model (``copy.deepcopy(model)``: a teacher, an EMA, ``AveragedModel``;
+``torch.save(model)``) is a plain module of the user's own classes, holding the device's values
+(the read above), without csrun's routing: it runs eagerly on the host, as eager's copy would.
+
 How: each module of the wrapped model gets a subclass of its own class (same name, module
 and qualified name; created once per class) that overrides those methods; the optimizer's
 ``state_dict`` / ``load_state_dict`` become instance attributes. The driver's own use of the
@@ -32,6 +36,7 @@ objects (compile, state translation) runs inside :meth:`StateView.internal` and 
 from __future__ import annotations
 
 import contextlib
+import copyreg
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
@@ -60,6 +65,9 @@ class SyncListener(Protocol):
 
     def trainable_changed(self) -> None:
         """The script called ``requires_grad_`` on one of the model's modules (at the caller's line)."""
+
+    def optimizer_loaded(self) -> None:
+        """The optimizer's ``load_state_dict`` replaced its state dict."""
 
 
 class StateSource(Protocol):
@@ -165,6 +173,8 @@ class StateView:
 
         def load_state_dict(state: Mapping[str, Any]) -> None:
             own_load(dict(state))
+            if view.listener is not None:
+                view.listener.optimizer_loaded()  # torch replaced its state dict
             if not view._internal:
                 with view.internal():
                     view._source.load_optimizer_state(state)
@@ -181,6 +191,22 @@ def copy_into(model: torch.nn.Module, values: Mapping[str, Any]) -> None:
             target = own.get(name)
             if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor) and target.shape == value.shape:
                 target.copy_(value.to(target.dtype))
+
+
+_ROUTED = "_csrun_routed"
+"""Marks a function csrun put on the wrapped model as an instance attribute (its routed ``forward``)."""
+
+
+def mark_routed(function: Callable[..., Any]) -> None:
+    """Mark ``function`` (an instance attribute csrun sets on the wrapped model) as csrun's: a copy
+    of the model goes without it."""
+    setattr(function, _ROUTED, True)
+
+
+def _plain_state(module: torch.nn.Module) -> dict[str, Any]:
+    """A module's ``__dict__`` without csrun's additions (the view, the routed methods)."""
+    return {k: v for k, v in module.__dict__.items()
+            if k != "_csrun_state_view" and not getattr(v, _ROUTED, False)}
 
 
 def _view_of(module: torch.nn.Module) -> StateView | None:
@@ -230,9 +256,15 @@ def _coherent_class(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
         with view.internal() if view is not None else contextlib.nullcontext():
             return cls.requires_grad_(self, requires_grad)
 
+    def __reduce_ex__(self: torch.nn.Module, protocol: Any) -> Any:
+        view = _view_of(self)
+        if view is not None:
+            view.read("a copy of the model")  # a copy holds the device's values, as eager's would
+        return copyreg.__newobj__, (cls,), _plain_state(self)  # the user's own class: a plain module
+
     made = type(cls.__name__, (cls,), {
         "__getattr__": __getattr__, "state_dict": state_dict, "_named_members": _named_members,
-        "load_state_dict": load_state_dict, "requires_grad_": requires_grad_, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "load_state_dict": load_state_dict, "requires_grad_": requires_grad_, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
     })
     _CLASSES[cls] = made

@@ -52,10 +52,13 @@ boundary), :mod:`csrun.driver.step_templates` (a call's arguments as a template)
 from __future__ import annotations
 
 import contextlib
+import random
+import sys
 import weakref
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.modules.module as module_hooks
 import torch.utils._pytree as pytree
 
 from csrun.compiler.capture import tensors_put_back
@@ -66,7 +69,8 @@ from csrun.compiler.python_globals import GlobalReads
 from csrun.compiler.python_state import PythonStateWatch, describe_change
 from csrun.driver import autograd_calls, random_draws, taps
 from csrun.driver.recorded_step import Entry, Recording, autocast_state, describe_meta, describe_modes
-from csrun.driver.step_templates import constants, describe_call, flatten_output, has_refs, matches, ref_indices, sketch, template
+from csrun.driver.step_templates import (constants, describe_call, flatten_output, has_refs, matches, numbers_differ,
+                                         ref_indices, sketch, template)
 from csrun.driver.step_values import (DEVICE_MOVES, READS, StepChanged, StepState, StepValue, StepValueError, cpu_values,
                                       inside_closure, read_value)
 from csrun.emulator.errors import READ_HINT, DeviceTensorReadError
@@ -98,6 +102,8 @@ class StepRecorder:
         """Values of the open step that see the updated weights."""
         self._modules: dict[int, list[torch.nn.Module]] = {}
         self._modes_seen: dict[int, tuple[int, tuple[bool, ...]]] = {}
+        self._calling: torch.nn.Module | None = None
+        """The model the current model call is on (its module names go in a refusal)."""
         self.predraw = True
         """The host makes the step's random draws (:mod:`csrun.driver.random_draws`); off on a
         cluster, whose systems draw their own."""
@@ -254,20 +260,33 @@ class StepRecorder:
             self._on_backward = on_backward
         watch = self._watch(model)
         modes = self._modes(model, watch)
-        if self._draft is None and (watch.version != self._guard_version or self._reads_globals()):
+        self._calling = model
+        args, kwargs = self._host_tensors(args, kwargs)
+        if self._draft is None and (watch.version != self._guard_version or self._guarded_each_call(model)):
             self._check_guards(model, watch)
         entry: Entry | None
         if self._draft is not None:
             reads = GlobalReads()
+            python_draws = _python_random_states()
             with _shadow_run(model, self.predraw) as drawn, torch.no_grad(), taps.collecting() as found, \
                     reads.watching():
                 out = forward(*cpu_values(args), **cpu_values(kwargs))
+            if _python_random_states() != python_draws:
+                raise StepValueError(
+                    f"{at(caller_location())}the model's forward draws Python random numbers (the random module or "
+                    "numpy.random: a LayerDrop, a random branch): on the device its Python runs once, when the step is "
+                    "compiled, so every step would take the first draw's branch; draw with torch instead "
+                    "(torch.rand(()) < p, torch.bernoulli), whose draws the host makes for the device as eager does")
             result = self._record(None, args, kwargs, taps.with_taps(out, found), modes)
             recorded = self._draft.entries[-1]
+            recorded.structure = watch.structure_version
+            recorded.hooks = _hooks_of(self._module_list(model))
             if drawn is not None:
                 recorded.draws = tuple(spec for spec, _ in drawn.made)
                 recorded.draw_inputs = tuple(self._drawn_input(noise) for _, noise in drawn.made)
             recorded.guards = watch.guards()
+            recorded.mutable_guards = any(not isinstance(v, (bool, int, float, str, bytes, type(None)))
+                                          for v in recorded.guards.values())
             recorded.globals = reads.guards()
             recorded.guard_names = self._guard_names(model, recorded.guards) + \
                 tuple(sorted(f"{g.describe()}={g.value!r}" for g in recorded.globals))
@@ -284,6 +303,30 @@ class StepRecorder:
             taps.queue_all(entry.taps, tapped)
         return result
 
+    def _host_tensors(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """A call's arguments with each plain tensor (not a step value: a class-weight tensor, a mask
+        or a mixup coefficient the loop made) as a host value: an input of the step, taken anew
+        every step as eager reads it. One computed with autograd (from the model's weights on the
+        host: an L2 penalty) is refused: the device does not differentiate the host's computations."""
+        step = self._step
+        assert step is not None  # noqa: S101 - the step is open
+
+        def host(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor) or isinstance(x, StepValue):
+                return x
+            if x.requires_grad:
+                raise StepValueError(
+                    f"{at(caller_location())}a tensor computed with autograd on the host (from the model's weights: "
+                    "an L2 or orthogonality penalty, a parameter itself) is used in the step: the device "
+                    "differentiates the step's program, not the host's copies of the weights; compute it inside the "
+                    "model's forward (and return it with the output), or use weight_decay")
+            copy = x.detach().clone()  # the script may change its tensor while the device runs the step
+            return StepValue(self, step, -1, copy.shape, copy.dtype, copy, host=True)
+
+        if not any(isinstance(x, torch.Tensor) and not isinstance(x, StepValue) for x in pytree.tree_leaves((args, kwargs))):
+            return args, kwargs
+        return pytree.tree_map(host, (args, kwargs))
+
     def _drawn_input(self, noise: torch.Tensor) -> int:
         """A model call's random draw, made on the host: the step's next input."""
         assert self._step is not None  # noqa: S101 - the step is open
@@ -294,11 +337,14 @@ class StepRecorder:
             self.watch = PythonStateWatch(model)
         return self.watch
 
-    def _reads_globals(self) -> bool:
-        """Whether the compiled call at this position reads Python globals (checked at every call)."""
+    def _guarded_each_call(self, model: torch.nn.Module) -> bool:
+        """Whether the compiled call at this position depends on something its script may change
+        without an assignment the watch hears (a global, a value changed in place, a hook)."""
         recording = self.recording
-        return recording is not None and self._pos < len(recording.entries) and \
-            bool(recording.entries[self._pos].globals)
+        if recording is None or self._pos >= len(recording.entries):
+            return False
+        entry = recording.entries[self._pos]
+        return bool(entry.globals) or entry.mutable_guards or _hooks_of(self._module_list(model)) != entry.hooks
 
     def _check_guards(self, model: torch.nn.Module, watch: PythonStateWatch) -> None:
         """Before a model call of a later step: the Python values the script assigned since the
@@ -312,17 +358,10 @@ class StepRecorder:
         entry = recording.entries[self._pos]
         if entry.func is not None or entry.guards is None:
             return
-        change = watch.changed_since(entry.guards)
-        moved = python_globals.changed(entry.globals) if change is None else None
-        if change is None and moved is None:
+        found = self._what_changed(model, watch, entry)
+        if found is None:
             return
-        if change is not None:
-            what = describe_change(change, model)
-            line = f"{change.location.filename}:{change.location.lineno}" if change.location else what
-        else:
-            assert moved is not None  # noqa: S101 - one of the two changed
-            what = f"the Python value {moved.describe()} changed ({moved.value!r} -> {moved.current()!r})"
-            line = moved.describe()
+        what, line = found
         if self._pos != 0:
             raise StepChanged(f"a Python value the model reads changed within the step ({what})",
                               compiled=entry.describe(), location=caller_location())
@@ -332,6 +371,31 @@ class StepRecorder:
                         "compiled; a value that changes every step recompiles every step)")
         self.recording = None
         self._draft = Recording()
+
+    def _what_changed(self, model: torch.nn.Module, watch: PythonStateWatch, entry: Entry) -> tuple[str, str] | None:
+        """What the model call at ``entry`` depends on that changed since it was recorded (its
+        description and the key its notice is given once for), or None."""
+        if watch.structure_version != entry.structure and watch.last_structure_change is not None:
+            change = watch.last_structure_change
+            what = describe_change(change, model).replace(" changed (", " was replaced (")
+            return what, f"{change.location.filename}:{change.location.lineno}" if change.location else what
+        if _hooks_of(self._module_list(model)) != entry.hooks:
+            return "a hook on the model was added or removed", "hooks"
+        change = watch.changed_since(entry.guards or {})
+        if change is not None:
+            what = describe_change(change, model)
+            return what, f"{change.location.filename}:{change.location.lineno}" if change.location else what
+        moved = python_globals.changed(entry.globals)
+        if moved is not None:
+            return (f"the Python {moved.kind} {moved.describe()} changed ({python_globals.short(moved.value)} -> "
+                    f"{python_globals.short(moved.current())})", moved.describe())
+        return None
+
+    def _module_list(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        modules = self._modules.get(id(model))
+        if modules is None:
+            modules = self._modules[id(model)] = list(model.modules())
+        return modules
 
     def _guard_names(self, model: torch.nn.Module, guards: dict[tuple[int, str], Any]) -> tuple[str, ...]:
         paths = {id(m): n for n, m in model.named_modules()}
@@ -351,6 +415,7 @@ class StepRecorder:
             raise StepValueError(f"a value of step {step.number} was used in step {self._step.number if self._step else '?'}; "
                                  "values of a step are read in its step closures")
         if name == "backward":
+            _plain_backward(func, args, kwargs)
             return self._backward(first)
         if func is autograd_calls.ORIGINAL_GRAD:
             raise autograd_calls.NestedGradient(f"{at(caller_location())}torch.autograd.grad on the step's values "
@@ -358,7 +423,7 @@ class StepRecorder:
         if not device:
             return self._on_host(func, name, args, kwargs)
         if name in READS:
-            raise DeviceTensorReadError(f"cannot {READS[name]} a device tensor here: {READ_HINT}")
+            raise DeviceTensorReadError(f"{at(caller_location())}cannot {READS[name]} a device tensor here: {READ_HINT}")
         if name in DEVICE_MOVES and _is_device_move(args, kwargs):
             return args[0]
         planned = random_draws.plan_draw(func, args, kwargs) if self.predraw and random_draws.maybe_random(func) else None
@@ -366,6 +431,7 @@ class StepRecorder:
             spec, result_of = planned
             noise = random_draws.draw(spec)
             return result_of(StepValue(self, step, -1, noise.shape, noise.dtype, noise, host=True))
+        args, kwargs = self._host_tensors(args, kwargs)
         if self._draft is not None:
             with torch.no_grad():
                 out = func(*cpu_values(args), **cpu_values(kwargs))
@@ -388,6 +454,11 @@ class StepRecorder:
         an input of its own, as eager's calls each see theirs."""
         step = self._step
         assert step is not None  # noqa: S101 - the step is open
+        if name == "requires_grad_" and (args[1] if len(args) > 1 else kwargs.get("requires_grad", True)):
+            raise StepValueError(
+                f"{at(caller_location())}requires_grad_() on the batch: gradients with respect to the inputs (an "
+                "adversarial example, FGSM, a saliency map) are not computed by the device, which differentiates "
+                "the step for its weights; compute them in a CPU run (csrun_cpu), or inside the model's forward")
         taken = self._inputs_written(name, args, kwargs) if self._slots else []
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*cpu_values(args), **cpu_values(kwargs))
@@ -432,15 +503,15 @@ class StepRecorder:
                                  "the Session's dataloader hands out (for batch in dataloader: ...)")
 
     def _backward(self, loss: StepValue) -> None:
+        if self._draft is not None and self._draft.loss is not None:
+            raise StepValueError(f"{at(caller_location())}backward() was called twice in one step; the system runs one "
+                                 "backward per step (add the losses and call backward() once)")
         if self._on_backward is not None:
             self._on_backward()
         if loss.numel() != 1 or not loss.dtype.is_floating_point:
-            raise StepValueError(f"backward() on a {tuple(loss.shape)} {loss.dtype} value: the loss must be a scalar float "
-                                 "(reduce it, e.g. loss.mean())")
+            raise StepValueError(f"{at(caller_location())}backward() on a {tuple(loss.shape)} {loss.dtype} value: the loss "
+                                 "must be a scalar float (reduce it, e.g. loss.mean())")
         if self._draft is not None:
-            if self._draft.loss is not None:
-                raise StepValueError("backward() was called twice in one step; the system runs one backward per step "
-                                     "(add the losses and call backward() once)")
             self._draft.loss = loss._ref
         elif self.recording is not None and loss._ref != self.recording.loss:
             raise StepChanged("backward() on another value", compiled="backward() on the loss", location=caller_location())
@@ -486,7 +557,8 @@ class StepRecorder:
             entry = self._past_unused(recording, func, args, kwargs)
         if (func is None and entry.after_update != self._after_update) or entry.grad != torch.is_grad_enabled() \
                 or entry.modes != modes or entry.autocast != autocast_state():
-            raise StepChanged(_how_it_differs(entry, self._after_update, modes), compiled=entry.describe(),
+            raise StepChanged(_how_it_differs(entry, self._after_update, modes,
+                                              [n for n, _ in self._calling.named_modules()] if self._calling else []), compiled=entry.describe(),
                               location=caller_location())
         self._pos += 1
         wrapped = []
@@ -507,8 +579,11 @@ class StepRecorder:
             if _same_call(entry, func, args, kwargs):
                 return entry
         name = "model" if func is None else getattr(func, "__name__", repr(func))
-        raise StepChanged(f"{name}{describe_call(sketch(tuple(args)), sketch(kwargs))}", compiled=first.describe(),
-                          location=caller_location())
+        live = (sketch(tuple(args)), sketch(kwargs))
+        numbers = first.func is func and numbers_differ((tuple(first.args), first.kwargs), live)
+        hint = (" (a Python number that changes from step to step: pass it as a tensor, torch.tensor(x), which the "
+                "device takes as an input of each step)") if numbers else ""
+        raise StepChanged(f"{name}{describe_call(*live)}{hint}", compiled=first.describe(), location=caller_location())
 
     def _closed(self, step: StepState, func: Any, name: str,
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -529,13 +604,58 @@ _WRITES = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itrue
 """Tensor methods that write into their tensor besides the ``*_`` ones."""
 
 
+_BACKWARD_EXTRAS = {"gradient": 1, "grad_tensors": 1, "grad_variables": 4, "inputs": 5}
+"""``backward``'s arguments the device's one backward from the loss cannot honour, by position
+(``Tensor.backward(gradient, retain_graph, create_graph, inputs)``; ``torch.autograd.backward``
+takes ``(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)``)."""
+
+
+def _python_random_states() -> tuple[Any, ...]:
+    """The state of Python's and NumPy's global random generators (a forward that draws from them
+    moves them)."""
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), (numpy.random.get_state()[1].tobytes() if numpy is not None else None)
+
+
+def _hooks_of(modules: list[torch.nn.Module]) -> tuple[int, ...]:
+    """How many forward and backward hooks each module has, and the global ones (a hook added or
+    removed between steps changes what the forward computes)."""
+    counts = [len(h) for m in modules for h in (m._forward_pre_hooks, m._forward_hooks, m._backward_hooks,
+                                                 m._backward_pre_hooks)]
+    counts += [len(module_hooks._global_forward_pre_hooks), len(module_hooks._global_forward_hooks)]
+    return tuple(counts)
+
+
+def _plain_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse a ``backward`` that is not the loss's plain one: several losses, a gradient to start
+    from, ``inputs=``, ``create_graph=True`` (each would differentiate something else)."""
+    method = func is torch.Tensor.backward or getattr(func, "__qualname__", "") == "Tensor.backward"
+    first = args[0] if args else kwargs.get("tensors")
+    given = {k: v for k, v in kwargs.items() if v is not None and k not in ("retain_graph", "tensors")}
+    positional = args[1:] if method else args[1:]
+    names = ("gradient", "retain_graph", "create_graph", "inputs") if method else \
+        ("grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
+    given.update({n: v for n, v in zip(names, positional) if v is not None and n != "retain_graph"})
+    if given.get("create_graph") is False:
+        given.pop("create_graph")
+    what = ""
+    if isinstance(first, (list, tuple)) and len(first) != 1:
+        what = f"{len(first)} losses at once"
+    elif given:
+        what = ", ".join(f"{k}=..." for k in given)
+    if what:
+        raise StepValueError(f"{at(caller_location())}backward with {what}: the device runs one backward per step, "
+                             "from the loss with a gradient of 1; write it as one loss (add the losses, multiply the "
+                             "loss by its weight: (l1 + w * l2).backward())")
+
+
 def _same_call(entry: Entry, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a live call is the compiled ``entry`` (function, arguments' structure and constants)."""
     return entry.func is func and matches(entry.args, args) and (
         entry.kwargs == kwargs if entry.plain_kwargs else matches(entry.kwargs, kwargs))
 
 
-def _how_it_differs(entry: Entry, after_update: bool, modes: tuple[bool, ...] | None) -> str:
+def _how_it_differs(entry: Entry, after_update: bool, modes: tuple[bool, ...] | None, names: list[str]) -> str:
     """What differs between a call and the compiled one at its place: update, grad mode or module modes."""
     if entry.after_update != after_update:
         return ("this runs after optimizer.step(), on the updated weights" if after_update
@@ -545,6 +665,10 @@ def _how_it_differs(entry: Entry, after_update: bool, modes: tuple[bool, ...] | 
     if entry.autocast != autocast_state():
         now = autocast_state()
         return f"this runs under torch.autocast(dtype={now})" if now else "this runs outside torch.autocast"
+    changed = [(name, now) for name, now, then in zip(names, modes or (), entry.modes or ()) if now != then]
+    if changed and len(names) == len(modes or ()):
+        shown = ", ".join(f"model{'.' + n if n else ''} in {'train' if now else 'eval'} mode" for n, now in changed[:3])
+        return f"{shown}{' and more' if len(changed) > 3 else ''} (the mode each module had when it was compiled differs)"
     return f"the model is called in{describe_modes(modes)} mode"
 
 

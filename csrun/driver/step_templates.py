@@ -143,6 +143,22 @@ def fill(t: Any, env: Callable[[int], Any], slots: Sequence[Any] = ()) -> Any:
     return t
 
 
+def numbers_differ(compiled: Any, live: Any) -> bool:
+    """Whether a live call's arguments (:func:`sketch`) differ from the compiled template in Python
+    numbers only (the same structure, values, inputs and constants otherwise)."""
+    a, b = list(template_leaves(compiled)), list(template_leaves(live))
+    if len(a) != len(b):
+        return False
+    numbers = (int, float)
+    differ = False
+    for x, y in zip(a, b):
+        if isinstance(x, numbers) and isinstance(y, numbers) and not isinstance(x, bool) and not isinstance(y, bool):
+            differ = differ or x != y
+        elif type(x) is not type(y) or (isinstance(x, (Ref, Slot)) and x != y):
+            return False
+    return differ
+
+
 def template_leaves(t: Any) -> Iterator[Any]:
     """Every leaf of a template (through tuples, lists, dicts and slices)."""
     if isinstance(t, (list, tuple)):

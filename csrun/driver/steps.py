@@ -116,6 +116,9 @@ class StepOrder:
         if self.mode != "train":
             raise StepOrderError(f"{at(caller_location())}loss.backward() in an eval Session: eval steps run the "
                                  "forward only")
+        if self.phase == "backward":
+            raise StepOrderError(f"{at(caller_location())}loss.backward() was called twice in one step: the system runs "
+                                 "one backward per step; add the losses and call backward() once")
         if self.phase != "forward":
             self._fail("loss.backward() was called without a new model(batch) before it")
         if self.gradients == "applied" and not self.zeroed:

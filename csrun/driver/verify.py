@@ -235,11 +235,13 @@ class StepCheck:
     def _copies(self) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
         """Copies of the user's model and optimizer that know nothing of csrun (the optimizer's
         groups with the hyperparameters the script's held at ``optimizer.step()``)."""
-        memo: dict[int, Any] = {id(self.view): None}
-        ref_model = copy.deepcopy(self.model, memo)
-        for module in ref_model.modules():
-            for name in ("forward", "zero_grad", "requires_grad_"):
-                module.__dict__.pop(name, None)
+        for name, module in self.model.named_modules():
+            bound = [k for k, v in module.__dict__.items() if callable(v) and not isinstance(v, (torch.nn.Module, type))
+                     and not getattr(v, "_csrun_routed", False)]
+            if bound:  # a copy would keep calling the original (a method bound to it, a closure over it)
+                raise RuntimeError(f"the module {name or 'model'} has {bound[0]!r} as an instance attribute, which a "
+                                   "copy of the model cannot run on the copy")
+        ref_model = copy.deepcopy(self.model)  # a plain module of the user's classes (csrun.driver.state_view)
         if self.optimizer is None:
             return ref_model, None
         mapping = {id(p): q for p, q in zip(self.model.parameters(), ref_model.parameters())}

@@ -424,18 +424,33 @@ def test_reentrant_checkpointing_trains_as_eager(tmp_path: Path) -> None:
     assert_bitwise(cpu, dev)
 
 
+class PenalisedInside(Stack):
+    """A forward that differentiates inside itself (a gradient penalty on a hidden activation)."""
+
+    def __init__(self) -> None:
+        super().__init__(6, 16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self[0](x)
+        grad = torch.autograd.grad(h.sum(), h, create_graph=True)[0]  # L:penalty
+        return self[1](torch.tanh(h)) + grad.mean()
+
+
 def test_a_gradient_penalty_is_refused_at_its_line(tmp_path: Path) -> None:
     def body(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
         opt.zero_grad()
-        xi = x.clone().requires_grad_(True)
+        xi = x.clone().requires_grad_(True)  # L:input-penalty
         logits = model(xi)
-        grad = torch.autograd.grad(logits.sum(), xi, create_graph=True)[0]  # L:penalty
+        grad = torch.autograd.grad(logits.sum(), xi, create_graph=True)[0]
         (F.cross_entropy(logits, y) + grad.norm()).backward()
         opt.step()
 
-    with pytest.raises(NestedGradient) as info:
+    with pytest.raises(Exception) as info:  # on the inputs: refused where they ask for gradients
         run("embedded", tmp_path, body)
-    assert str(info.value).startswith(at_line("penalty"))
+    assert str(info.value).startswith(at_line("input-penalty")), info.value
+    with pytest.raises(NestedGradient) as nested:  # inside the forward
+        run("embedded", tmp_path / "inside", plain_step, model=PenalisedInside)
+    assert str(nested.value).startswith(at_line("penalty"))
 
 
 # -- refusals with their true reason ------------------------------------------------------------
@@ -512,3 +527,202 @@ def test_the_same_changes_reach_a_cs_emulator_server(tmp_path: Path, monkeypatch
     finally:
         server.shutdown()
     assert_bitwise(cpu, remote)
+
+
+# -- the hidden probes' patterns (a second round) ------------------------------------------------
+
+def mean_teacher(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    """A teacher made with copy.deepcopy, run in the loop and EMA-updated in a step closure."""
+    import copy
+    if step == 0:
+        out.extra["teacher"] = copy.deepcopy(model)
+    teacher = out.extra["teacher"]
+    with torch.no_grad():
+        soft = teacher(x).softmax(-1)
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y) + F.mse_loss(model(x).softmax(-1), soft)
+    loss.backward()
+    opt.step()
+    keep(out.losses, loss)
+
+    def ema() -> None:
+        with torch.no_grad():
+            for t, s in zip(teacher.parameters(), model.parameters()):
+                t.mul_(0.9).add_(s, alpha=0.1)
+    cbtorch.add_step_closure(ema)
+
+
+class Attending(nn.Module):
+    """nn.TransformerEncoderLayer (dropout 0.1 in its attention and feed-forward) and an
+    nn.MultiheadAttention with dropout: their inner draws are the host's too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(2, 8)
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+        self.att = nn.MultiheadAttention(8, 2, batch_first=True, dropout=0.2)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layer(self.inp(x.view(-1, 3, 2)))
+        a, _ = self.att(h, h, h, need_weights=False)
+        return self.fc(a.mean(1))
+
+
+def changes_the_model(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    """Structure changed between steps: a hook, a swapped activation, pruning (weight -> weight_orig)."""
+    import torch.nn.utils.prune as prune
+    if step == 2:
+        model.register_forward_hook(lambda m, i, o: o * 0.5)
+    if step == 4:
+        prune.l1_unstructured(model[0], "weight", amount=0.3)
+    plain_step(step, model, opt, x, y, out)
+
+
+def changes_values_in_place(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    """A config namespace the forward reads, a class-weight tensor and the optimizer's state, each
+    changed in place; a mixup coefficient made anew each step as a tensor."""
+    if step == 3:
+        model.cfg.scale = 2.0
+        out.extra["weights"].mul_(1.5)
+        opt.state.clear()  # restart Adam's moments, as eager does
+    opt.zero_grad()
+    lam = torch.tensor(0.25 + 0.05 * step)
+    loss = lam * F.cross_entropy(model(x), y, weight=out.extra["weights"])
+    loss.backward()
+    opt.step()
+    keep(out.losses, loss)
+    cbtorch.add_step_closure(lambda: out.values.append(float(opt.state[next(iter(model.parameters()))]["exp_avg"].norm())))
+
+
+class Configured(Stack):
+    def __init__(self) -> None:
+        super().__init__(6, 16, 3)
+        import types
+        self.cfg = types.SimpleNamespace(scale=1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.cfg.scale
+
+
+def with_weights(make: Callable[[nn.Module], torch.optim.Optimizer]) -> Callable[[nn.Module], torch.optim.Optimizer]:
+    def optimizer(m: nn.Module) -> torch.optim.Optimizer:
+        return make(m)
+    return optimizer
+
+
+def freeze_then_unfreeze(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    if step == 2:
+        model[1].bias.requires_grad_(False)
+    if step == 4:
+        model[1].bias.requires_grad_(True)  # its optimizer state comes back with it
+    plain_step(step, model, opt, x, y, out)
+
+
+@pytest.mark.parametrize("body, model, optimizer", [
+    (mean_teacher, None, None),
+    (plain_step, Attending, None),
+    (changes_the_model, None, None),
+    (freeze_then_unfreeze, None, adam),
+], ids=["deepcopy-teacher", "transformer-dropout", "structure", "freeze-unfreeze"])
+def test_probe_patterns_train_as_eager(tmp_path: Path, body: Body, model: Any, optimizer: Any) -> None:
+    kw = {k: v for k, v in (("model", model), ("optimizer", optimizer)) if v is not None}
+    cpu, dev = both(tmp_path, body, **kw)
+    assert_bitwise(cpu, dev)
+
+
+def test_values_changed_in_place_reach_the_device(tmp_path: Path) -> None:
+    def body(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+        out.extra.setdefault("weights", torch.ones(3))
+        changes_values_in_place(step, model, opt, x, y, out)
+
+    cpu, dev = both(tmp_path, body, model=Configured, optimizer=adam)
+    assert_bitwise(cpu, dev)
+
+
+def test_the_learning_rate_set_after_the_last_step_is_the_one_shown(tmp_path: Path) -> None:
+    def body(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+        plain_step(step, model, opt, x, y, out)
+        if step == STEPS - 1:
+            for group in opt.param_groups:
+                group["lr"] = 0.01  # no step follows: eager's state_dict() shows it
+
+    cpu, dev = both(tmp_path, body)
+    assert_bitwise(cpu, dev)
+    assert dev.lrs == [0.01]
+
+
+def python_draw(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    plain_step(step, model, opt, x, y, out)
+
+
+class LayerDrop(Stack):
+    def __init__(self) -> None:
+        super().__init__(6, 16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import random
+        return self[1](torch.tanh(self[0](x))) if random.random() < 0.5 else self[1](self[0](x))
+
+
+def twice_backward(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    opt.zero_grad()
+    logits = model(x)
+    F.cross_entropy(logits, y).backward(retain_graph=True)
+    logits.sum().backward()  # L:twice
+    opt.step()
+
+
+def weighted_backward(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward(torch.tensor(0.5))  # L:gradient-arg
+    opt.step()
+
+
+def penalty_on_weights(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    opt.zero_grad()
+    l2 = sum(p.pow(2).sum() for p in model.parameters())
+    loss = F.cross_entropy(model(x), y) + 1e-3 * l2  # L:host-penalty
+    loss.backward()
+    opt.step()
+
+
+def input_gradient(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    x.requires_grad_(True)  # L:fgsm
+    plain_step(step, model, opt, x, y, out)
+
+
+def closure_step(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    def again() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+    again()
+    opt.step(again)  # L:closure-step
+
+
+@pytest.mark.parametrize("body, model, marker, reason", [
+    (twice_backward, None, "twice", "twice in one step"),
+    (weighted_backward, None, "gradient-arg", "gradient=..."),
+    (penalty_on_weights, None, "host-penalty", "computed with autograd on the host"),
+    (input_gradient, None, "fgsm", "gradients with respect to the inputs"),
+    (closure_step, None, "closure-step", "optimizer.step(closure)"),
+    (python_draw, LayerDrop, "plain-step", "draws Python random numbers"),
+], ids=["two-backwards", "backward-gradient", "host-penalty", "input-gradient", "step-closure", "python-random"])
+def test_what_the_device_cannot_run_is_refused_at_its_line(tmp_path: Path, body: Body, model: Any, marker: str,
+                                                           reason: str) -> None:
+    with pytest.raises(Exception) as info:
+        run("embedded", tmp_path, body, **({"model": model} if model else {}))
+    text = str(info.value)
+    prefix = MARKS.at(marker) if marker == "plain-step" else at_line(marker)
+    assert reason in text and (text.startswith(prefix) or marker == "plain-step"), text
+
+
+def test_a_float64_model_is_refused_before_it_trains_float32(tmp_path: Path) -> None:
+    def body(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+        plain_step(step, model, opt, x.double(), y, out)
+
+    run(None, tmp_path, body, model=lambda: Stack(6, 16, 3).double())  # eager trains it in float64
+    with pytest.raises(Exception, match="not float32"):
+        run("embedded", tmp_path, body, model=lambda: Stack(6, 16, 3).double())

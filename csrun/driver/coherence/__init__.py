@@ -16,6 +16,8 @@ line that made it, never trains something else in silence. Its parts, one concer
   scheduler runs as in eager.
 * :mod:`~csrun.driver.coherence.trainable`: a change of the trainable set or of the param groups
   compiles the step again, with one notice.
+* :mod:`~csrun.driver.coherence.optimizer_state`: ``optimizer.state`` shows the device's when read,
+  and a change the script makes to it is written to the device before the next step.
 
 The ``zero_grad`` mode travels with the step order (:class:`~csrun.driver.steps.StepOrder`), the
 grad and autocast context of each call with the recording (:mod:`~csrun.driver.recorded_step`),
@@ -34,6 +36,7 @@ import torch
 from csrun.compiler.errors import Location
 from csrun.driver.coherence.host_weights import HostEditError, HostWeights, split_state
 from csrun.driver.coherence.hyperparameters import GroupHyperparameters, HyperparameterError, device_group_names
+from csrun.driver.coherence.optimizer_state import DeviceOptimizerState
 from csrun.driver.coherence.trainable import TrainableSet, TrainableSetChanged, fingerprint
 from csrun.program.step_plan import StepPlan
 
@@ -55,6 +58,9 @@ class Coherence:
         self.optimizer: torch.optim.Optimizer | None = None
         self.recompile_due = False
         """The trainable set changed since the loaded program was compiled: compile it again."""
+        self.optimizer_state_edited = False
+        """The script changed the optimizer's state since the last step: the driver writes it first."""
+        self._fetch_state: Callable[[], Mapping[int, Mapping[str, Any]] | None] = lambda: None
 
     def attach_model(self, model: torch.nn.Module) -> None:
         """Keep the wrapped model's state coherent."""
@@ -64,9 +70,13 @@ class Coherence:
         if self.optimizer is not None:
             self._groups(self.optimizer)
 
-    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Keep the wrapped optimizer's groups coherent (``add_param_group`` is seen with its line)."""
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer,
+                         fetch: Callable[[], Mapping[int, Mapping[str, Any]] | None]) -> None:
+        """Keep the wrapped optimizer's groups and state coherent (``add_param_group`` is seen
+        with its line; ``fetch``: the device's optimizer state by the host's parameter numbering)."""
         self.optimizer = optimizer
+        self._fetch_state = fetch
+        self.optimizer_loaded()
         own = optimizer.add_param_group
         trainable = self.trainable
 
@@ -76,6 +86,23 @@ class Coherence:
 
         optimizer.add_param_group = add_param_group  # type: ignore[method-assign]
         self._groups(optimizer)
+
+    def optimizer_loaded(self) -> None:
+        """The optimizer's ``state`` became a plain dict again (``load_state_dict``, or wrapping):
+        make it :class:`DeviceOptimizerState`, holding what it held."""
+        optimizer = self.optimizer
+        if optimizer is None or isinstance(optimizer.state, DeviceOptimizerState):
+            return
+        state = DeviceOptimizerState(self._fetch_state, lambda: [p for g in optimizer.param_groups for p in g["params"]],
+                                     dict(optimizer.state))
+        optimizer.state = state  # type: ignore[assignment]
+        state.synced()
+
+    @property
+    def optimizer_state(self) -> DeviceOptimizerState | None:
+        """The wrapped optimizer's state, when it is csrun's."""
+        state = getattr(self.optimizer, "state", None)
+        return state if isinstance(state, DeviceOptimizerState) else None
 
     def _groups(self, optimizer: torch.optim.Optimizer) -> None:
         model = self.model
@@ -105,6 +132,11 @@ class Coherence:
         """At the step's first model call: the host's changes since the last step (edits to
         write, a new trainable set to compile for, with one notice)."""
         self.weights.before_step()
+        if self.optimizer is not None and self.optimizer_state is None:  # the script gave it a new state dict
+            self.optimizer_loaded()
+            self.optimizer_state_edited = True
+        elif self.optimizer_state is not None and self.optimizer_state.edited():
+            self.optimizer_state_edited = True
         if trains and self.model is not None and self.trainable.before_step(self._fingerprint()):
             if not self.recompile_due:
                 self.notice(f"{_where(self.trainable.where)}{self.trainable.describe(self.model)}: the step is "
@@ -141,6 +173,8 @@ class Coherence:
     def sent(self, trains: bool) -> None:
         """The step went to the device."""
         self.weights.sent(trains)
+        if trains and self.optimizer_state is not None:
+            self.optimizer_state.sent()
 
     def flush(self) -> dict[str, Any] | None:
         """Between steps (a state is taken, the Session ends): the host's edits since the last step
@@ -161,6 +195,8 @@ class Coherence:
     def state_loaded(self, *, host_current: bool) -> None:
         """A state was loaded into the device (``host_current``: and into the host copies too)."""
         self.weights.synced(None, current=host_current)
+        if self.optimizer_state is not None:
+            self.optimizer_state.sent()  # read again from the device at the next read
 
     def trainable_changed(self) -> None:
         """``requires_grad_`` on a module of the model: remember the line for the recompile's notice."""

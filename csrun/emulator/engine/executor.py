@@ -76,8 +76,9 @@ def _split_outputs(out: Any) -> tuple[torch.Tensor, dict[str, Any]]:
 
 
 def _move_constants(module: torch.fx.GraphModule, device: torch.device) -> None:
-    """Move lifted tensor constants to ``device``: the unlifted module keeps them as plain
-    attributes, which ``Module.to`` does not touch."""
+    """Copy lifted tensor constants to ``device``: the unlifted module keeps them as plain
+    attributes, which ``Module.to`` does not touch, and shares them with the script's (a tensor
+    attribute the script edits in place must not change the program under the engine's thread)."""
     for node in module.graph.nodes:
         if node.op != "get_attr":
             continue
@@ -87,8 +88,8 @@ def _move_constants(module: torch.fx.GraphModule, device: torch.device) -> None:
             owner = getattr(owner, part)
         value = getattr(owner, leaf, None)
         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
-                and leaf not in getattr(owner, "_buffers", {}) and value.device != device:
-            setattr(owner, leaf, value.to(device))
+                and leaf not in getattr(owner, "_buffers", {}):
+            setattr(owner, leaf, value.detach().to(device, copy=True))
 
 
 _NO_CHANGE = contextlib.nullcontext()
