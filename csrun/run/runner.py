@@ -195,14 +195,14 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except Preempted as exc:
+        if exc.signum == signal.SIGINT:  # stopped by hand: the run is over, a second press changes nothing now
+            ignore_late_ctrl_c()
         if exc.saved:
             _say(f"{exc}; checkpoint saved. Continue with --resume.")
         else:
             _say(f"{exc}, before its first step: nothing new to save. Continue with --resume.")
         ask_to_requeue(exc)
         announce_stop(exc)
-        if exc.signum == signal.SIGINT:  # stopped by hand: the run is over, a second press changes nothing now
-            ignore_late_ctrl_c()
         return exc.exit_code
     except UserError as exc:
         if is_chief or not isinstance(exc, ConfigError):
