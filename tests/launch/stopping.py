@@ -64,8 +64,10 @@ class Job:
     """csrun_wse running stop_task.py in ``layout``; output in ``tmp_path/output``, evidence in
     ``tmp_path/out``. As a context manager: whatever of the job is left at the end is killed."""
 
-    def __init__(self, env: dict[str, str], tmp_path: Path, layout: str, *, named: bool = False) -> None:
-        """``named``: the job is named by its mark (``--job-name``: Slurm's tools find it by that)."""
+    def __init__(self, env: dict[str, str], tmp_path: Path, layout: str, *, named: bool = False,
+                 save_s: float = 0) -> None:
+        """``named``: the job is named by its mark (``--job-name``: Slurm's tools find it by that);
+        ``save_s``: how long the chief's save takes."""
         self.mark = uuid.uuid4().hex
         self.layout = layout
         self.out = tmp_path / "out"
@@ -76,7 +78,8 @@ class Job:
         self.named = named
         argv = [str(BIN / "csrun_wse"), *layout_options, *name, str(BIN / "python-pt"), str(STOP_TASK), str(self.out)]
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(argv, env={**env, MARK: self.mark, "TMPDIR": str(tmp_path)}, cwd=tmp_path,
+            self.proc = subprocess.Popen(argv, env={**env, MARK: self.mark, "TMPDIR": str(tmp_path),
+                                                    "STOP_TASK_SAVE_S": str(save_s)}, cwd=tmp_path,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def __enter__(self) -> "Job":

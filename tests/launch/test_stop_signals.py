@@ -61,8 +61,9 @@ def test_sigterm_to_every_task_of_a_cluster_saves_and_stops(no_slurm_env: dict[s
 @pytest.mark.parametrize("layout", ["chief and streamers", "cluster"])
 def test_kill_9_of_the_launcher_leaves_nothing_behind(no_slurm_env: dict[str, str], tmp_path: Path, layout: str) -> None:
     """No process of the job within 5 s of the kill, and its state folder and MPICH segments removed
-    at once (not by the next launch)."""
-    with Job(no_slurm_env, tmp_path, layout) as job:
+    at once (not by the next launch). The chief's save takes a minute: mpiexec, SIGTERMed as its
+    parent dies, passes the signal on, and the tasks must not go on to save and stop by it."""
+    with Job(no_slurm_env, tmp_path, layout, save_s=60) as job:
         job.wait_ready()
         [state] = list(tmp_path.glob("csrun_job.*"))
         made = job.segments()

@@ -42,7 +42,7 @@ def test_a_stop_on_slurm_saves_and_stops(slurm_env: dict[str, str], tmp_path: Pa
 
 
 def test_kill_9_of_the_launcher_leaves_nothing_behind_on_slurm(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    with Job(slurm_env, tmp_path, "chief and streamers", named=True) as job:
+    with Job(slurm_env, tmp_path, "chief and streamers", named=True, save_s=60) as job:
         job.wait_ready()
         [state] = list(tmp_path.glob(".csrun_job.*"))
         job.proc.send_signal(signal.SIGKILL)

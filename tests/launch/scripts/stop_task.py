@@ -10,12 +10,14 @@ streamers and the cluster, announces its planned stop (:func:`csrun.run.preempti
 and exits ``128 + signal``, under mpi4py's runner as a real chief. The streamers ignore the stop
 signals (:func:`~csrun.run.preemption.ignore_on_streamer`) and wait for the chief's word. Each task
 prints ``rank N ready`` once its handlers are in place (the chief: once every system answered
-too). Without a stop the chief gives up after 2 minutes and exits 0.
+too). Without a stop the chief gives up after 2 minutes and exits 0. ``STOP_TASK_SAVE_S``: how
+many seconds the save takes (default 0; a large model's checkpoint takes a while).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -65,6 +67,7 @@ def chief(world, out: Path) -> int:  # type: ignore[no-untyped-def]
     if preemption.signum is None:
         return 0
     answered = swarm_answers(world, swarm)  # the state a checkpoint is made of: MemoryX must still serve
+    time.sleep(float(os.environ.get("STOP_TASK_SAVE_S", "0")))
     out.mkdir(parents=True, exist_ok=True)
     (out / "saved.json").write_text(json.dumps({"step": step, "signal": preemption.signum, "answered": answered}))
     if swarm:
