@@ -29,7 +29,9 @@ csrun_wse (local ``mpiexec`` and Slurm ``srun`` alike) runs its step through :fu
   its next step and stops; the streamers and a cluster's systems and MemoryX ignore it and wait
   for the chief's word). Locally it goes to each task's command itself (mpiexec would die of
   SIGHUP or SIGUSR2, and it SIGTERMs every task); under Slurm to srun, which passes it to every
-  task (srun ends the step on SIGTERM). A Ctrl-C while a stop is under way stops the job at once.
+  task (srun ends the step on SIGTERM: with ``CSRUN_PREEMPT_SIGNAL=TERM`` a stop at the launcher
+  ends the step unsaved, so keep USR1 or USR2 under srun). A Ctrl-C while a stop is under way
+  stops the job at once.
   The job then exits ``128 + the signal`` (130 for Ctrl-C; 0 if it ended cleanly all the same);
 - on a terminal the launcher draws the chief's progress bar below the step's output
   (:mod:`csrun.launch.live_bar`);
