@@ -1,4 +1,4 @@
-"""Which task of a csrun_wse job failed first: the tasks' reports, and the ends the launcher saw itself.
+"""Which task of a csrun_wse job failed first, or stopped as planned: the tasks' reports, and the ends the launcher saw itself.
 
 The files of the job's state folder (``CSRUN_JOB_STATE``), written by the tasks and read by the
 launcher's supervisor (:mod:`csrun.launch.supervisor`). Every task's wrapper (:mod:`csrun.launch.task`) writes two files into the job's state folder:
@@ -22,6 +22,15 @@ starts a script in a job), an uncaught exception, ``sys.exit(N)`` or Ctrl-C
 (:func:`install_last_word`). ``MPI_Abort`` follows, on which mpiexec kills every wrapper at once,
 the aborting task's own included, so that its report would never be written.
 
+A planned stop is not a failure: a run that was asked to stop (a preemption signal, SIGTERM,
+Ctrl-C at the launcher) and saved its checkpoint ends with ``128 + signal`` all the same, and
+says beforehand that this code is its plan (:func:`planned_stop`): ``stop.<rank>``, in the
+format of a report, its cause the run's own line (``stopped by SIGTERM at global step 57``).
+Then mpi4py's runner does not turn the code into ``MPI_Abort`` (whose ``Abort(143) on node 0``
+and killed peers read as a crash), the task's wrapper tells mpiexec or srun 0 (no ``BAD
+TERMINATION`` banner, no ``srun: error``) while its report keeps the code, and the launcher
+names nobody: the job's code is the stop's.
+
 The first failure decides the job's exit code, so "first" must not depend on which process
 happened to write a file sooner. A task's command ends first; its wrapper reports a moment
 later, and meanwhile another task, which saw its peer go (MPI's lost connection), may end with
@@ -38,7 +47,9 @@ not reported yet); a task's end is the earliest of its last word, its report and
 launcher saw it end. Tasks
 on other nodes count by their report's time. Ends seen in one wake-up of the launcher share a
 moment; among them a task that reported goes first (mpiexec, once a task failed, kills the
-other tasks' wrappers: those end without a report), then the lower rank.
+other tasks' wrappers: those end without a report), then the lower rank. A planned stop counts
+from the moment it was announced, and what ends after it is its consequence: the earliest end
+with a non-zero code that is a planned stop means that nothing failed (:meth:`TaskWatch.first_end`).
 """
 
 from __future__ import annotations
@@ -76,9 +87,12 @@ class TaskExit:
     reported: bool = True
     cause: str = ""
     """What the task said it ended for (its last word's one line: an exception's type and message)."""
+    planned: bool = False
+    """The code is a stop the task announced (:func:`planned_stop`), not a failure."""
 
 
-def _pid_namespace() -> str:
+def pid_namespace() -> str:
+    """This process's PID namespace (``/proc/self/ns/pid``'s link; ``?`` where it cannot be read)."""
     try:
         return os.readlink("/proc/self/ns/pid")
     except OSError:
@@ -87,7 +101,7 @@ def _pid_namespace() -> str:
 
 def report_start(state_dir: str, rank: int, node: str, pid: int) -> None:
     """Write ``start.<rank>`` (the command's pid as this node sees it); errors are ignored."""
-    line = f"{pid} {os.getpid()} {_pid_namespace()} {socket.gethostname()} {node}\n"
+    line = f"{pid} {os.getpid()} {pid_namespace()} {socket.gethostname()} {node}\n"
     try:
         atomic_write(Path(state_dir) / f"start.{rank}", line, durable=False)
     except OSError:
@@ -133,6 +147,28 @@ def last_word(code: int, rank: int, node: str, cause: str = "") -> None:
         report_exit(state, rank, node, code, kind="last", cause=cause)
 
 
+_planned: int | None = None
+"""The exit code this process announced as its planned stop (:func:`planned_stop`)."""
+
+
+def planned_stop(code: int, rank: int, node: str, cause: str = "") -> None:
+    """This task is about to exit with ``code`` as planned (a run asked to stop that saved its
+    checkpoint; ``cause``: its one line). In a task of a csrun_wse job, write ``stop.<rank>`` for
+    the launcher and the task's wrapper; and under mpi4py's runner, exit with ``code`` without
+    ``MPI_Abort`` (module docstring)."""
+    global _planned
+    _planned = code
+    state = os.environ.get(JOB_STATE.name, "")
+    if state:
+        report_exit(state, rank, node, code, kind="stop", cause=cause)
+
+
+def planned_code(state_dir: str, rank: int) -> int | None:
+    """The exit code task ``rank`` announced as its planned stop, if it did."""
+    found = read_exits(state_dir, "stop").get(rank)
+    return found.code if found is not None else None
+
+
 def describe(error: BaseException | None) -> str:
     """``Type: last line of the message`` of an exception ending a task (``""`` for none)."""
     if error is None or isinstance(error, (SystemExit, KeyboardInterrupt)):
@@ -144,8 +180,9 @@ def describe(error: BaseException | None) -> str:
 def install_last_word(rank: int, node: str) -> None:
     """Under mpi4py's runner (``python -m mpi4py``): call :func:`last_word` with the status the
     runner is about to abort with (a wrapper around ``mpi4py.run.set_abort_status``, which the
-    runner calls before re-raising an uncaught exception, ``SystemExit`` or Ctrl-C). Elsewhere
-    nothing changes."""
+    runner calls before re-raising an uncaught exception, ``SystemExit`` or Ctrl-C); an exit
+    with this task's planned stop's code (:func:`planned_stop`) is left a plain exit, no last word
+    and no ``MPI_Abort`` (the run stopped all it had started). Elsewhere nothing changes."""
     runner = sys.modules.get("mpi4py.run")
     original = getattr(runner, "set_abort_status", None)
     if not os.environ.get(JOB_STATE.name) or original is None or getattr(original, "__csrun_last_word__", False):
@@ -154,6 +191,8 @@ def install_last_word(rank: int, node: str) -> None:
     def set_abort_status(status: object) -> None:
         code = status.code if isinstance(status, SystemExit) else status
         code = 128 + signal.SIGINT if isinstance(status, KeyboardInterrupt) else code
+        if _planned is not None and code == _planned and not isinstance(status, KeyboardInterrupt):
+            return  # a planned stop: the process exits with its code after MPI_Finalize, as at a clean end
         last_word(code if isinstance(code, int) else (0 if code is None else 1), rank, node,
                   describe(sys.exc_info()[1]))  # the runner calls this inside its ``except``
         original(status)
@@ -174,7 +213,8 @@ class TaskWatch:
         self.nodes: dict[int, str] = {}
         self._seen: set[int] = set()
         self._selector = selectors.DefaultSelector()
-        self._here = (_pid_namespace(), socket.gethostname())
+        self._here = (pid_namespace(), socket.gethostname())
+        self._signal: int | None = None
 
     def _adopt(self) -> None:
         if not hasattr(os, "pidfd_open"):
@@ -198,6 +238,17 @@ class TaskWatch:
                 except OSError:  # ended already, before it was watched: its report tells
                     continue
                 self._selector.register(fd, selectors.EVENT_READ, (rank, which))
+                if which == "command" and self._signal is not None:
+                    _send(fd, self._signal)
+
+    def signal_commands(self, sig: int) -> None:
+        """Send ``sig`` to every watched task's command, and to each command that starts from now
+        on (a task of this job starting late gets it as it is seen)."""
+        for key in list(self._selector.get_map().values()):
+            if key.data[1] == "command":
+                _send(key.fd, sig)  # type: ignore[arg-type]
+        self._signal = sig
+        self._adopt()  # those that started meanwhile
 
     def wait(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, waking at once when a watched command ends."""
@@ -222,18 +273,30 @@ class TaskWatch:
         self._selector.close()
 
     def first_failure(self, *, final: bool = False) -> TaskExit | None:
-        """The earliest-ending task whose code is not 0 (module docstring), or None. Until ``final``
-        (the step has ended), a watched task whose command ended and whose wrapper has not reported
-        (nor ended :data:`SETTLE_S` ago) keeps the answer open (None)."""
+        """The earliest-ending task whose code is not 0 (module docstring), or None: none yet, or a
+        planned stop came first (:meth:`first_end`)."""
+        end = self.first_end(final=final)
+        return end if end is not None and not end.planned else None
+
+    def first_end(self, *, final: bool = False) -> TaskExit | None:
+        """The earliest-ending task whose code is not 0, a failure or a planned stop (``planned``;
+        module docstring), or None. Until ``final`` (the step has ended), a watched task whose command
+        ended and whose wrapper has not reported (nor ended :data:`SETTLE_S` ago) keeps the answer
+        open (None)."""
         reports = read_exits(self.state_dir)
         last_words = read_exits(self.state_dir, "last")
+        stops = read_exits(self.state_dir, "stop")
         ends: list[TaskExit] = []
-        for rank in set(reports) | set(last_words) | set(self.ended):
+        for rank in set(reports) | set(last_words) | set(self.ended) | set(stops):
             said = last_words.get(rank) or reports.get(rank)
-            times = [e.at for e in (last_words.get(rank), reports.get(rank)) if e is not None]
+            stop = stops.get(rank)
+            planned = stop if stop is not None and (said is None or said.code == stop.code) else None
+            times = [e.at for e in (last_words.get(rank), reports.get(rank), planned) if e is not None]
             at = min(times + ([self.ended[rank]] if rank in self.ended else []))
             wrapper_gone = self.wrapper_ended.get(rank)  # a wrapper that ended without a report was killed
-            if said is not None:
+            if planned is not None:
+                ends.append(TaskExit(rank, planned.node, planned.code, at, cause=planned.cause, planned=True))
+            elif said is not None:
                 ends.append(TaskExit(rank, said.node, said.code, at, cause=said.cause))
             elif final or (wrapper_gone is not None and time.time() - wrapper_gone >= SETTLE_S):
                 ends.append(TaskExit(rank, self.nodes.get(rank, "?"), KILLED, at, reported=False))
@@ -245,6 +308,13 @@ class TaskWatch:
             if end.code != 0:
                 return end
         return None
+
+
+def _send(pidfd: int, sig: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except OSError:  # it has ended meanwhile
+        pass
 
 
 @dataclass(frozen=True)
@@ -283,17 +353,20 @@ def read_progress(state_dir: str) -> ProgressNote | None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m csrun.task_exits STATE_DIR``: the first failure of an ended job's state folder,
-    as ``code<TAB>rank<TAB>node<TAB>cause`` (nothing when no task failed); for a batch script."""
+    as ``code<TAB>rank<TAB>node<TAB>cause``, or a planned stop that came first as its code alone
+    (nothing when no task failed or stopped); for a batch script."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m csrun.task_exits STATE_DIR", file=sys.stderr)
         return 2
     watch = TaskWatch(args[0])
     try:
-        found = watch.first_failure(final=True)
+        found = watch.first_end(final=True)
     finally:
         watch.close()
-    if found is not None:
+    if found is not None and found.planned:
+        print(found.code)
+    elif found is not None:
         print("\t".join((str(found.code), str(found.rank), found.node or "?", found.cause)))
     return 0
 

@@ -126,17 +126,22 @@ Every task runs under ``python -m csrun.launch.task`` (which reports how its com
 the step is supervised (:mod:`csrun.launch.supervisor`): when any task exits non-zero — before
 or after MPI init, in user code or in csrun's exit hooks — the whole job ends within seconds
 with one line, ``csrun_wse: task rank R on NODE exited with code C; ending the job``; killing
-csrun_wse (even with SIGKILL) takes mpiexec/srun, the tasks and the job's emulator along; the
+csrun_wse (even with SIGKILL) takes mpiexec/srun, the tasks and the job's emulator along within
+a second or two (what the job left on this node is removed at once); whatever the ending, the
 job's leftover MPICH segments in /dev/shm are removed on this node.
 
-Ctrl-C, locally and under Slurm alike: the first asks the job to stop (the preemption signal
-goes to the step: a training run.py saves a checkpoint at its next step first; a script of your
-own without a handler for it stops at once); a second stops it at once, saving nothing more.
-Either way the job exits 130; continue with ``--resume``.
+Ctrl-C, SIGTERM, SIGHUP, SIGUSR1 or SIGUSR2 at csrun_wse, locally and under Slurm alike: the
+first asks the job to stop (one line says so; the preemption signal goes to the step: a training
+run.py saves a checkpoint at its next step first, while the streamers and a cluster's systems and
+MemoryX wait for it; a script of your own without a handler for it stops at once); a Ctrl-C after
+it stops the job at once, saving nothing more. Slurm's own signals to the tasks (``scancel``, a
+preemption) save the same way. A stop that saved names no task and prints nothing that reads as a
+failure; continue with ``--resume``.
 
 Exit codes: the first failed task's own code, every time (the task that ended first with a
-non-zero code: csrun.task_exits; a preempted run's 128+signal included), else the step's; 130
-after Ctrl-C; 2 for a bad option, value or site config; 1 when the launch fails.
+non-zero code: csrun.task_exits), else a preempted run's 128+signal, else the step's; 128+N
+after signal N at csrun_wse (130 after Ctrl-C); 2 for a bad option, value or site config; 1 when
+the launch fails.
 """
 
 from __future__ import annotations

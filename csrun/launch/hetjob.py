@@ -50,13 +50,13 @@ from csrun.site import SiteConfig
 TASK_CODES = """\
 export CSRUN_JOB_STATE={log_dir}/"$SLURM_JOB_ID/.tasks.${{SLURM_RESTART_COUNT:-0}}"
 mkdir -p "$CSRUN_JOB_STATE"
-csrun_task_code() {{  # the first failed task's own exit code (srun reports 137/143 for the tasks it ended)
+csrun_task_code() {{  # the first failed task's own exit code (srun reports 137/143 for the tasks it ended), or a planned stop's
     local found code rank node cause
     found=$({python} -m csrun.task_exits "$CSRUN_JOB_STATE" 2>/dev/null)
     rm -rf "$CSRUN_JOB_STATE"
     if [ -n "$found" ]; then
         IFS=$'\\t' read -r code rank node cause <<< "$found"
-        echo "csrun: task rank $rank on $node exited with code $code${{cause:+ ($cause)}}" >&2
+        [ -n "$rank" ] && echo "csrun: task rank $rank on $node exited with code $code${{cause:+ ($cause)}}" >&2
         echo "$code"
     else
         echo "$1"
@@ -65,7 +65,8 @@ csrun_task_code() {{  # the first failed task's own exit code (srun reports 137/
 """
 """Every task runs under csrun.launch.task, which writes its command's exit code here; the job
 exits with the first failed task's own code, by the supervisor's rule (``python -m
-csrun.task_exits``: the reports' and last words' own times, not file times)."""
+csrun.task_exits``: the reports' and last words' own times, not file times), or with a planned
+stop's code (a preempted run that saved its checkpoint), naming no task."""
 
 PLAIN_BODY = """\
 {step}

@@ -4,7 +4,8 @@
 forwarding SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 so Slurm's preemption signals reach the
 training script. It waits in :func:`wait_child`, where a forwarded signal is passed on at once
 whichever of this process's threads the kernel handed it to (a blocking ``wait()`` would hold
-it until the child ended). The child dies with this process: it is started with ``PR_SET_PDEATHSIG``
+it until the child ended), and where the child can be tied to another process's life (a task
+to its launcher's: ``until``). The child dies with this process: it is started with ``PR_SET_PDEATHSIG``
 (:func:`die_with_parent`), so a launcher or wrapper killed with SIGKILL takes its child along
 (mpiexec, srun, a task) instead of leaving it running. :func:`run_cli` runs a command's body and turns a
 :class:`~csrun.errors.UserError` into ``prog: error: ...`` on stderr and its exit code.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -33,6 +35,9 @@ PUMP_DRAIN_S = 2.0
 """How long :func:`run_child` waits, after the child ended, for its last logged lines."""
 WAIT_POLL_S = 0.2
 """:func:`wait_child`'s polling interval where it cannot sleep on the child (off the main thread, no pidfd)."""
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+"""The signals a launcher or wrapper passes on to its child (a job's stop signals: Ctrl-C, Slurm's
+and the batch systems' preemption and termination signals, a closed terminal)."""
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
@@ -48,8 +53,20 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     return preexec
 
 
-def wait_child(child: subprocess.Popen[bytes]) -> int:
-    """``child.wait()``, during which this process's signal handlers run as soon as a signal arrives.
+def _preexec(parent_death: int, ignored: Sequence[int]) -> Callable[[], None]:
+    dies = die_with_parent(parent_death)
+
+    def preexec() -> None:
+        dies()
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+
+    return preexec
+
+
+def wait_child(child: subprocess.Popen[bytes], until: int | None = None) -> int:
+    """``child.wait()``, during which this process's signal handlers run as soon as a signal arrives;
+    ``until``: a file descriptor (a pidfd) whose becoming readable ends the child (SIGKILL) first.
 
     The kernel gives a process-directed signal to any thread that does not block it. In a
     blocking ``wait()`` the main thread sleeps in ``waitpid``, and a signal that went to another
@@ -64,11 +81,11 @@ def wait_child(child: subprocess.Popen[bytes]) -> int:
     if child.returncode is not None:  # reaped already (a handler may have waited for it): its pid may be another's
         return child.returncode
     if threading.current_thread() is not threading.main_thread() or not hasattr(os, "pidfd_open"):
-        return _poll_child(child)  # only the main thread may set the wake-up fd
+        return _poll_child(child, until)  # only the main thread may set the wake-up fd
     try:
         pidfd = os.pidfd_open(child.pid)
     except OSError:  # the child was reaped meanwhile
-        return _poll_child(child)
+        return _poll_child(child, until)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
@@ -77,8 +94,16 @@ def wait_child(child: subprocess.Popen[bytes]) -> int:
         with selectors.DefaultSelector() as selector:
             selector.register(pidfd, selectors.EVENT_READ)
             selector.register(wake_read, selectors.EVENT_READ)
-            while not any(key.fd == pidfd for key, _ in selector.select()):
+            if until is not None:
+                selector.register(until, selectors.EVENT_READ)
+            while True:
+                ready = {key.fd for key, _ in selector.select()}
+                if pidfd in ready:
+                    break
                 _drain(wake_read)  # a signal: its handler has run by the next line of Python
+                if until in ready:
+                    selector.unregister(until)
+                    child.kill()
     finally:
         signal.set_wakeup_fd(previous)
         for fd in (pidfd, wake_read, wake_write):
@@ -86,8 +111,11 @@ def wait_child(child: subprocess.Popen[bytes]) -> int:
     return child.wait()
 
 
-def _poll_child(child: subprocess.Popen[bytes]) -> int:
+def _poll_child(child: subprocess.Popen[bytes], until: int | None = None) -> int:
     while (code := child.poll()) is None:
+        if until is not None and select.select([until], [], [], 0)[0]:
+            child.kill()
+            return child.wait()
         time.sleep(WAIT_POLL_S)
     return code
 
@@ -139,8 +167,9 @@ def run_cli(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | N
 
 def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = False,
               parent_death: int = signal.SIGTERM, log: TaskLog | None = None, log_header: str = "",
-              started: Callable[[int], None] | None = None, label: str = "") -> int:
-    """Run ``argv`` to the end, passing SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 on to it; its exit code (128+N for signal N).
+              started: Callable[[int], None] | None = None, label: str = "", ignored: Sequence[int] = (),
+              until: int | None = None) -> int:
+    """Run ``argv`` to the end, passing :data:`PASSED_ON` (SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2) on to it; its exit code (128+N for signal N).
 
     ``keep_fds``: the child inherits every open file descriptor (an MPI task needs the PMI
     socket srun gave this process, named by ``PMI_FD``). ``parent_death``: the signal the child
@@ -149,7 +178,9 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = Fals
     the file starting with ``log_header``; a file that cannot be opened is said in one line on
     stderr and the output goes straight through. ``started``: called with the child's pid once it runs.
     ``label`` (without ``log``): every line of the child's output reaches this process's stdout or
-    stderr after ``label`` (``[rank 1] ``).
+    stderr after ``label`` (``[rank 1] ``). ``ignored``: signals the child starts with ignored (it
+    inherits that across ``exec``, before its own code runs). ``until``: see :func:`wait_child`
+    (the child is SIGKILLed when it becomes readable: exit code 137).
     """
     log_file = None
     if log is not None:
@@ -161,7 +192,7 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = Fals
     labelled = bool(label) and log is None
     piped = subprocess.PIPE if log_file is not None or labelled else None
     child = subprocess.Popen(list(argv), env=unbuffered(env) if piped else env, close_fds=not keep_fds,
-                             preexec_fn=die_with_parent(parent_death), stdout=piped, stderr=piped)
+                             preexec_fn=_preexec(parent_death, ignored), stdout=piped, stderr=piped)
     if started is not None:
         started(child.pid)
     pumps = []
@@ -173,19 +204,18 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, keep_fds: bool = Fals
         prefix = label.encode()
         pumps = [copy_lines(child.stdout, [(sys.stdout.buffer, prefix, None)], "csrun-label-stdout"),
                  copy_lines(child.stderr, [(sys.stderr.buffer, prefix, None)], "csrun-label-stderr")]
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-    previous = {s: signal.getsignal(s) for s in forwarded}
+    previous = {s: signal.getsignal(s) for s in PASSED_ON}
 
     def forward(signum: int, _frame: object) -> None:
         child.send_signal(signum)
 
     try:
-        for s in forwarded:
+        for s in PASSED_ON:
             signal.signal(s, forward)
     except ValueError:  # not the main thread: signals stay as they are
         previous = {}
     try:
-        code = wait_child(child)
+        code = wait_child(child, until)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -18,7 +18,7 @@ from csrun.site import SiteConfig
 
 WSE_STEP_FLAGS = ("--unbuffered", "--kill-on-bad-exit", "--quit-on-interrupt", "--mpi=pmi2")
 """Given once, in front of the first component: they hold for the whole (heterogeneous) step
-(``--quit-on-interrupt``: the supervisor's SIGINT ends the step at once, :class:`~csrun.launch.supervisor.Interrupt`)."""
+(``--quit-on-interrupt``: the supervisor's SIGINT ends the step at once, :class:`~csrun.launch.supervisor.Stop`)."""
 
 
 def script_name(command: list[str]) -> str:

@@ -9,7 +9,16 @@ COMMAND's own (128+N when a signal N ended it); when COMMAND starts it writes ``
 (:mod:`csrun.launch.supervisor`) watches that folder (and the processes) and ends the whole job
 at the first failure, naming the rank, the node, the code and the task's stated cause
 (:mod:`csrun.task_exits`). The wrapper's exit code is
-COMMAND's. With ``CSRUN_TASK_LOG_DIR`` set (``--log-dir``), COMMAND's output is copied into
+COMMAND's, except after a planned stop (COMMAND announced its code beforehand,
+:func:`csrun.task_exits.planned_stop`: a run that saved its checkpoint and stopped when asked):
+then the report keeps the code and the wrapper exits 0, so that mpiexec and srun see a clean
+end (no ``BAD TERMINATION`` banner, no ``srun: error`` line, no ``--kill-on-bad-exit``).
+
+The wrapper watches its launcher where it can see it (the state folder's ``owner``, on this
+host and in this PID namespace: :mod:`csrun.launch.owner`): the moment the launcher ends while
+COMMAND still runs (a ``kill -9`` of csrun_wse, which left no one to end the job), COMMAND is
+SIGKILLed, so that nothing of the job outlives its launcher (exit code 137).
+With ``CSRUN_TASK_LOG_DIR`` set (``--log-dir``), COMMAND's output is copied into
 the task's own log file and, on the chief only, onto the console (:mod:`csrun.launch.task_log`);
 without it, a streamer's lines reach the console prefixed ``[rank N] ``.
 
@@ -19,6 +28,10 @@ A cluster's system and MemoryX tasks (``csrun_wse --num-csx N``: ranks 1..N+1, w
 wrapper's own interpreter, so outside any container prefix COMMAND has (``python-pt`` ...,
 ``apptainer exec IMAGE ...``): the swarm task is csrun's, not the user's. It is started, logged and
 reported exactly as COMMAND would be (``start.<rank>``, ``exit.<rank>``, the header line names what ran).
+It starts with the stop signals (:data:`csrun.launch.process.PASSED_ON`) ignored: they are for
+the chief, which saves its checkpoint from MemoryX's state and then tells the systems and MemoryX
+to stop; Slurm signals every task of a step, and a system or MemoryX that died of the signal
+would take the checkpoint with it.
 
 Environment read: ``CSRUN_JOB_STATE`` (the state folder; without it nothing is written),
 ``CSRUN_TASK_LOG_DIR`` / ``CSRUN_JOB_LABEL`` (the per-task log files) and the rank variables
@@ -28,14 +41,16 @@ of :mod:`csrun.cluster` (``CSRUN_NUM_CSX`` among them). It imports neither torch
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import sys
 
 from csrun.env_settings import JOB_STATE
 from csrun.cluster import ClusterInfo, cluster_info
 from csrun.errors import UsageError
-from csrun.launch.process import run_child, run_cli
-from csrun.task_exits import report_exit, report_start
+from csrun.launch.owner import read_owner
+from csrun.launch.process import PASSED_ON, run_child, run_cli
+from csrun.task_exits import planned_code, report_exit, report_start
 from csrun.launch.task_log import task_log_for
 
 PROG = "csrun_wse (task)"
@@ -69,16 +84,24 @@ def _body(argv: list[str]) -> int:
         if state:
             report_start(state, info.rank, info.node_name, pid)
 
+    owner = read_owner(state) if state else None
+    launcher = owner.open() if owner is not None else None
     try:
         code = run_child(command, dict(os.environ), keep_fds=True, parent_death=9, log=log, log_header=header,
-                         started=started, label="" if info.is_chief else f"[rank {info.rank}] ")
+                         started=started, label="" if info.is_chief else f"[rank {info.rank}] ",
+                         ignored=PASSED_ON if info.in_swarm else (), until=launcher)
+        if launcher is not None and owner is not None and info.is_chief and select.select([launcher], [], [], 0)[0]:
+            print(f"{PROG}: the job's launcher (pid {owner.pid} on {owner.host}) has ended: its tasks end too",
+                  file=sys.stderr, flush=True)
     except FileNotFoundError:
         print(f"{PROG}: error: command not found: {command[0]!r}", file=sys.stderr, flush=True)
         code = 127
     finally:
+        if launcher is not None:
+            os.close(launcher)
         if state:
             report_exit(state, info.rank, info.node_name, code)
-    return code
+    return 0 if code and state and planned_code(state, info.rank) == code else code
 
 
 def main(argv: list[str] | None = None) -> int:

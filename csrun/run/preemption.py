@@ -16,8 +16,13 @@ not requeued, not counted as a fruitless preemption); a second, while that is pe
 Python's KeyboardInterrupt (stop at once, exit 130, nothing more saved). The same SIGINT twice
 within :data:`SAME_CTRL_C_S` counts once (a terminal signals the launcher's whole group, and a
 launcher passes its copy on). Outside the training loop (setup, a compile, eval) Ctrl-C stops at
-once. ``csrun_wse`` turns its own Ctrl-C into the preemption signal for the step
-(:class:`csrun.launch.supervisor.Interrupt`), so the tasks see the same meaning there.
+once. ``csrun_wse`` turns its own Ctrl-C (and SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) into the
+preemption signal for the step (:class:`csrun.launch.supervisor.Stop`), so the tasks see the same meaning there.
+
+A run that stopped so says beforehand that its exit code is a planned stop
+(:func:`announce_stop`, :func:`csrun.task_exits.planned_stop`): under csrun_wse the job then
+ends without naming a task as failed, without ``MPI_Abort`` and without mpiexec's ``BAD
+TERMINATION`` banner, and exits with that code.
 
 Requeues that gain nothing: :func:`account_preemption` counts, in ``model_dir``'s
 :data:`IDLE_FILE`, the preemptions in a row that ended a run without a gained step (a time
@@ -47,10 +52,12 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from csrun.cluster import cluster_info
 from csrun.env_settings import REQUEUE_FILE
 from csrun.errors import UserError
 from csrun.files import atomic_write
 from csrun.launch.preempt_signal import MAX_IDLE_REQUEUES_ENV, max_idle_requeues, preemption_signal
+from csrun.task_exits import planned_stop
 
 REQUEUE_FILE_ENV = REQUEUE_FILE.name
 """Set by ``csrun_wse --use-sbatch``'s batch script: where a preempted run says "requeue me"."""
@@ -175,6 +182,13 @@ def ask_to_requeue(preempted: Preempted) -> None:
         Path(target).write_text(f"{preempted.step}\n")
     except OSError as exc:  # the job then ends without a requeue: say why
         print(f"csrun: cannot write {REQUEUE_FILE_ENV}={target}: {exc}; the job will not be requeued", flush=True)
+
+
+def announce_stop(preempted: Preempted) -> None:
+    """The run is about to exit with ``preempted.exit_code`` as it was asked to: tell the job's
+    launcher and MPI that this code is a planned stop, not a failure (:func:`csrun.task_exits.planned_stop`)."""
+    info = cluster_info()
+    planned_stop(preempted.exit_code, info.rank, info.node_name, str(preempted))
 
 
 def clear_idle_preemptions(model_dir: Path) -> None:

@@ -30,8 +30,8 @@ from csrun.consoles import time_prefix, whole_lines
 from csrun.run.logs import flush_console, setup_logging
 from csrun.run.params import InputConfig, ModelConfig, Params
 from csrun.run.performance import performance_doc, write_performance
-from csrun.run.preemption import (Preempted, Preemption, account_preemption, ask_to_requeue, clear_idle_preemptions,
-                                  ignore_on_streamer)
+from csrun.run.preemption import (Preempted, Preemption, account_preemption, announce_stop, ask_to_requeue,
+                                  clear_idle_preemptions, ignore_on_streamer)
 from csrun.run.progress import Progress
 from csrun.run.summaries import LossLog, Scalars, write_params
 from csrun.run.summary import RunSummary, make_summary, render, write_summary
@@ -195,13 +195,14 @@ def run(*, model_fn: Callable[[Params], torch.nn.Module],
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except Preempted as exc:
+        if exc.signum == signal.SIGINT:  # stopped by hand: the run is over, a second press changes nothing now
+            ignore_late_ctrl_c()
         if exc.saved:
             _say(f"{exc}; checkpoint saved. Continue with --resume.")
         else:
             _say(f"{exc}, before its first step: nothing new to save. Continue with --resume.")
         ask_to_requeue(exc)
-        if exc.signum == signal.SIGINT:  # stopped by hand: the run is over, a second press changes nothing now
-            ignore_late_ctrl_c()
+        announce_stop(exc)
         return exc.exit_code
     except UserError as exc:
         if is_chief or not isinstance(exc, ConfigError):

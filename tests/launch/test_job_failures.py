@@ -101,11 +101,11 @@ def test_a_job_that_succeeds_exits_0(no_slurm_env: dict[str, str]) -> None:
     assert "rank 0 done" in done.stdout and "exited with code" not in done.stderr
 
 
-@pytest.mark.parametrize("options", [(), ("--emulator",)])
-def test_kill_9_of_csrun_wse_takes_the_job_along(no_slurm_env: dict[str, str], tmp_path: Path, options: tuple[str, ...]) -> None:
+def test_kill_9_of_csrun_wse_takes_the_jobs_emulator_along(no_slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """(Without --emulator, and with a cluster's tasks: tests/launch/test_stop_signals.py.)"""
     log = tmp_path / "out.txt"
     with log.open("w") as out:
-        proc = subprocess.Popen(job(no_slurm_env, *options), env={**no_slurm_env, "FAIL": "-1:none:0", "STEP_SLEEP": "0.5"},
+        proc = subprocess.Popen(job(no_slurm_env, "--emulator"), env={**no_slurm_env, "FAIL": "-1:none:0", "STEP_SLEEP": "0.5"},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 60

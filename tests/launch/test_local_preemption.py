@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, REPO, long_debug_params
+from tests.launch.stopping import FAILURE_WORDS
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -83,3 +84,5 @@ def test_sigusr1_to_the_launcher_checkpoints_and_stops(no_slurm_env: dict[str, s
     saved = [int(p.stem.split("_")[1]) for p in md.glob("checkpoint_*.mdl")]
     assert len(saved) == 1 and 0 < saved[0] < params["runconfig"]["max_steps"], job.text[-3000:]
     assert f"stopped by SIGUSR1 at global step {saved[0]}; checkpoint saved" in job.text
+    for words in FAILURE_WORDS:  # a planned stop (was: "csrun_wse: task rank 0 ... exited with code 138", Abort(138))
+        assert words not in job.text, f"{words!r} in:\n{job.text[-3000:]}"

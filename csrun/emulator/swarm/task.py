@@ -33,6 +33,13 @@ answered with an ``error`` frame naming the task, and the task ends with exit co
 word (:mod:`csrun.task_exits`): the other tasks wait in the step's collectives, and the
 launcher's supervisor ends the job naming this one. Nothing a frame carries is unpickled or
 run: programs are read by :mod:`csrun.program.archive`, values by the wire's decoder.
+
+Signals: the task wrapper starts this task with the stop signals (SIGINT, SIGTERM, SIGHUP,
+SIGUSR1, SIGUSR2) ignored (:mod:`csrun.launch.task`). They are the chief's to act on: asked to
+stop, it saves its checkpoint from MemoryX's ``state`` and then sends ``stop``; Slurm signals
+every task of a step (``scancel``, a preemption), and a system or MemoryX that died of it first
+would lose the steps since the last checkpoint. The task ends by ``stop``, by the chief's end,
+or by SIGKILL (the launcher ending a failed job; its wrapper when the launcher is gone).
 """
 
 from __future__ import annotations
