@@ -99,10 +99,20 @@ def site_config_path(environ: Mapping[str, str] | None = None) -> Path | None:
     explicit = env_settings(env).site_config
     if explicit.strip():
         path = Path(explicit)
-        if not path.is_file():
-            raise ConfigError(f"{env_name('site_config')}={explicit!r}: no such file. Point it at a YAML site config or unset it.")
+        why = _not_a_file(path)
+        if why:
+            raise ConfigError(f"{env_name('site_config')}={explicit!r}: {why}. Point it at a YAML site config or unset it.")
         return path
-    return next((path for path in site_config_candidates(environ) if path.is_file()), None)
+    return next((path for path in site_config_candidates(environ) if not _not_a_file(path)), None)
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not a file to read (``no such file``, or the system's reason: a name too
+    long, a folder not searchable), or ``""`` when it is one."""
+    try:
+        return "" if path.is_file() else "no such file"
+    except OSError as exc:
+        return f"cannot be looked at: {exc.strerror or type(exc).__name__}"
 
 
 def load_site_config(environ: Mapping[str, str] | None = None) -> SiteConfig:
