@@ -9,7 +9,8 @@ Frame layout (all integers big-endian)::
 
 ``header["tensors"]`` lists ``{"dtype": name, "shape": [..]}``; each buffer's length is computed
 from dtype and shape (never trusted from the sender) and checked against the limits before
-anything is read. Buffers become tensors with ``torch.frombuffer``; nothing is ever unpickled.
+anything is read; so is an empty tensor's span (its dimensions other than the zero ones), whose
+strides torch could not hold. Buffers become tensors with ``torch.frombuffer``; nothing is ever unpickled.
 
 Structured values (a batch, a state dict) travel as JSON with tensors replaced by
 ``{"$t": index}``; tuples as ``{"$tuple": [...]}``; mappings with non-string keys as
@@ -179,6 +180,9 @@ def recv_frame(sock: Link, limits: Limits, *, max_tensor_bytes: int | None = Non
         nbytes = math.prod(shape) * itemsize
         if nbytes > per_tensor:
             raise ProtocolError(f"tensor of {nbytes} bytes is over the limit of {per_tensor}")
+        if math.prod(max(d, 1) for d in shape) * itemsize > per_tensor:  # empty, but its strides overflow
+            raise ProtocolError(f"empty tensor of shape {shape!r}: its other dimensions span more than the limit of "
+                                f"{per_tensor} bytes")
         total += nbytes
         if total > frame_limit:
             raise ProtocolError(f"frame buffers total over the limit of {frame_limit} bytes")
