@@ -85,15 +85,17 @@ class Preempted(Exception):
         return 128 + self.signum
 
 
-class Terminated(UserError):
+class Terminated(SystemExit):
     """SIGTERM outside a training loop (setup, a model's build, a compile, eval): the run stops at
-    once, saving nothing (exit 143, ``128 + SIGTERM``)."""
-
-    exit_code = 128 + signal.SIGTERM
+    once, saving nothing, exit 143 (``128 + SIGTERM``). A :class:`SystemExit`, so that no
+    ``except Exception`` on the way (a library's, a user's) turns it into another error; the
+    line saying why is printed as it is raised."""
 
     def __init__(self) -> None:
-        super().__init__("stopped by SIGTERM outside the training loop (setup, compile or eval): nothing saved; "
-                         "continue with --resume")
+        prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "run.py"
+        print(f"{prog}: stopped by SIGTERM outside the training loop (setup, compile or eval): nothing saved; "
+              f"continue with --resume", file=sys.stderr, flush=True)
+        super().__init__(128 + signal.SIGTERM)
 
 
 class Preemption:
