@@ -62,8 +62,8 @@ def setting(default: Any, doc: str, *, min: int | float | None = None, max: int 
 
     ``min`` / ``max``: the least / greatest value a number may take; ``above`` / ``below``: a
     number it must exceed / stay under (``above=0``: positive; a dropout rate: ``below=1``).
-    ``finite=False``: infinity is a value (a timeout that never expires); by default it is
-    refused. Whatever the bounds, NaN is refused, a float's size stays within float32's
+    ``finite=False``: infinity is a value (a timeout that never expires), whatever ``max``
+    says of finite ones; by default it is refused. Whatever the bounds, NaN is refused, a float's size stays within float32's
     (:data:`FLOAT_LIMIT`) and a whole number's within 64 bits (:data:`INT_LIMITS`).
     ``pattern``: a regular expression a non-empty string must match in full; ``what`` says in
     words what it stands for (used in the error). A list or dict default is copied for every
@@ -99,7 +99,7 @@ def valid_range(f: dataclasses.Field) -> str:
         parts.append(f"at most {f.metadata['max']}")
     if f.metadata.get("below") is not None:
         parts.append(f"less than {f.metadata['below']:g}")
-    return " and ".join(parts)
+    return " and ".join(parts) + (", or inf" if parts and f.metadata.get("finite") is False else "")
 
 
 def field_doc(f: dataclasses.Field) -> str:
@@ -292,6 +292,8 @@ def _check_bounds(value: Any, f: dataclasses.Field, path: str, shown: Any) -> No
     for key, broken, words in (("min", lambda b: value < b, "at least"), ("above", lambda b: not value > b, "greater than"),
                                ("max", lambda b: value > b, "at most"), ("below", lambda b: not value < b, "less than")):
         bound = f.metadata.get(key)
+        if key in ("max", "below") and value == math.inf:  # allowed above (finite=False): no limit, not a big one
+            continue
         if bound is not None and broken(bound):
             shown_bound = bound if key in ("min", "max") else f"{bound:g}"
             raise ConfigError(f"{path}: {shown!r} must be {words} {shown_bound}{both}")

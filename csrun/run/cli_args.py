@@ -130,6 +130,8 @@ def parse_args(argv: list[str] | None, *, prog: str = "run.py", environ: Mapping
     if from_env:
         args.cs_ip = cluster_info(environ).cs_ip or None
     try:
+        if not from_env and not args.cs_ip.strip():  # given, and empty: not the same as not given
+            parse_address(args.cs_ip)
         args.cs_ip = normalize_cs_ip(args.cs_ip)
     except AddressError as exc:
         parser.error(f"{'CS_IP' if from_env else 'argument -cs/--cs_ip'}: {exc}")

@@ -30,7 +30,7 @@ class Knobs:
     rate: float = setting(0.5, "a rate", min=0, below=1)
     scale: float = setting(1.0, "a scale", above=0)
     seed: int = setting(0, "a seed", min=0)
-    wait: float = setting(1.0, "a wait that may be endless", above=0, finite=False)
+    wait: float = setting(1.0, "a wait that may be endless", above=0, max=3600, finite=False)
     anything: float = setting(0.0, "any finite number")
 
 
@@ -48,6 +48,7 @@ class Knobs:
     ("seed", 1e100, "seed: 1e+100 is out of range: a whole number here fits in 64 bits"),
     ("seed", 2**63, "seed: 9223372036854775808 is out of range: a whole number here fits in 64 bits"),
     ("wait", math.nan, "wait: nan is not a number"),
+    ("wait", 1e19, "wait: 1e+19 must be at most 3600 (valid: greater than 0 and at most 3600, or inf)"),
 ])
 def test_a_value_out_of_range_is_one_line_naming_it_and_the_range(key: str, value: Any, says: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -28,7 +28,8 @@ an exit other than 0, 1 or 2), a **hang** (killed at the time limit; ``ignored S
 SIGTERM did not end it), **nonsense accepted** (exit 0 for a value :func:`is_nonsense` says no
 setting may take: negative, infinite, NaN, beyond float32's range, an integer beyond 64 bits, an
 empty or mistyped value given to an option), or a **many-line error** (exit 2 whose output has more
-than one ``error`` line). Everything else passes. The report ends with the counts.
+than one ``error`` line). Everything else passes. Each failing one is printed as it ends; the
+report ends with the counts.
 """
 
 from __future__ import annotations
@@ -213,9 +214,16 @@ def flag_mutations() -> list[Mutation]:
 
 
 INFINITE_OK = {"CSRUN_STREAM_TIMEOUT", "CSRUN_STREAM_ERROR_GRACE"}
-"""Variables documented to take ``inf`` (wait without a limit)."""
+"""Variables that take ``inf`` (a deadline that never comes: any large number means the same)."""
 ENV_PROGRAMS = {"csrun_wse": ("--dry-run", "python-pt", "run.py"), "python-pt": ("-c", "pass"),
                 "python-ws": ("-c", "pass")}
+
+
+def _positive(word: str) -> bool:
+    try:
+        return float(word) > 0
+    except ValueError:
+        return False
 
 
 def env_mutations() -> list[Mutation]:
@@ -233,7 +241,7 @@ def env_mutations() -> list[Mutation]:
             for word in ODD_WORDS + ["/nonexistent/" + "y" * 300]:
                 nonsense = numeric and word != "" and not (word.replace(".", "", 1).isdigit() and float(word) < 2**31
                                                            and (float(word) > 0 or f.metadata.get("min") == 0))
-                nonsense = nonsense and not (word == "inf" and env_name(f.name) in INFINITE_OK)
+                nonsense = nonsense and not (env_name(f.name) in INFINITE_OK and _positive(word))
                 for prog, argv in ENV_PROGRAMS.items():
                     out.append(Mutation("env", f"{prog} {env_name(f.name)}={word[:20]!r}", prog, argv,
                                         nonsense and prog == "csrun_wse", env=((env_name(f.name), word),)))
@@ -433,6 +441,7 @@ def run_all(mutations: list[Mutation], jobs: int, time_limit: float, keep: bool 
                     continue
                 output = (work / "out").read_text(errors="replace") if (work / "out").exists() else ""
                 outcomes[i] = Outcome(mutations[i], code, output, elapsed, ignored)
+                say_failure(outcomes[i])
                 del running[i]
                 if not keep:
                     shutil.rmtree(work, ignore_errors=True)
@@ -444,17 +453,21 @@ def run_all(mutations: list[Mutation], jobs: int, time_limit: float, keep: bool 
     return [outcomes[i] for i in range(len(mutations))]
 
 
+def say_failure(o: Outcome) -> None:
+    """One line for an outcome that did not pass (as it ends: a long run shows them as it goes)."""
+    if o.verdict != "ok":
+        last = [ln for ln in o.output.strip().splitlines() if ln.strip()][-1:] or [""]
+        extra = " (ignored SIGTERM)" if o.ignored_term else ""
+        print(f"{o.verdict.upper():10} [{o.mutation.kind}] {o.mutation.label}: exit {o.code}{extra}: {last[0][:200]}",
+              flush=True)
+
+
 def report(outcomes: list[Outcome]) -> dict[str, int]:
-    """Print each failing outcome and the counts; return the counts by verdict."""
+    """Print the counts, by kind and in all; return them by verdict."""
     counts: dict[str, int] = {"run": len(outcomes), "ok": 0, "traceback": 0, "hang": 0, "nonsense": 0,
                               "many-lines": 0}
     for o in outcomes:
         counts[o.verdict] += 1
-        if o.verdict != "ok":
-            last = [ln for ln in o.output.strip().splitlines() if ln.strip()][-1:] or [""]
-            extra = " (ignored SIGTERM)" if o.ignored_term else ""
-            print(f"{o.verdict.upper():10} [{o.mutation.kind}] {o.mutation.label}: exit {o.code}{extra}: "
-                  f"{last[0][:200]}")
     by_kind: dict[str, dict[str, int]] = {}
     for o in outcomes:
         row = by_kind.setdefault(o.mutation.kind, {})
