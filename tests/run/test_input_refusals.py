@@ -54,6 +54,18 @@ def test_cs_ip_junk_is_refused_under_validate_only(fc_mnist: Run, tmp_path: Path
     assert err.splitlines() == [err] and (f"bad host {cs_ip!r}" if cs_ip else "the address is empty") in err, err
 
 
+@pytest.mark.timeout(120)  # before the fix a FIFO's open waited forever for a writer, /dev/zero read without end
+@pytest.mark.parametrize("what", ["fifo", "/dev/zero", "directory"])
+def test_a_params_path_that_is_no_file_is_one_line(fc_mnist: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   what: str) -> None:
+    path = {"fifo": tmp_path / "fifo", "/dev/zero": Path("/dev/zero"), "directory": tmp_path}[what]
+    if what == "fifo":
+        os.mkfifo(path)
+    assert fc_mnist("-p", str(path), "-m", "train", "-o", str(tmp_path / "md"), "--validate_only") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and f"--params {path}: " in err and "not a file; give a YAML file" in err, err
+
+
 def test_sigterm_outside_the_training_loop_stops_at_once(fc_mnist: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """A model that takes long to build (here: SIGTERM arrives while it builds) ends there: the
