@@ -43,6 +43,10 @@ SYSTEM_SITE_CONFIG = Path("/etc/csrun/site.yaml")
 """The system-wide site config, an admin's (looked at after the user's)."""
 USER_SITE_CONFIG = Path("csrun") / "site.yaml"
 """The user's site config, under ``$XDG_CONFIG_HOME`` (default ``~/.config``)."""
+MAX_NODES = 1 << 16
+"""The most nodes a job asks for (more than a Slurm cluster has)."""
+MAX_PER_NODE = 65534
+"""The most tasks per node, or CPUs per task: Slurm holds each in 16 bits (65535 means "not set")."""
 GRES_PATTERN = r"[A-Za-z][\w.-]*(:[\w.-]+)?:\d+"
 """A Slurm GRES: ``name[:type]:count``."""
 
@@ -55,9 +59,12 @@ class SiteConfig:
     ws_image: str = setting("", "container image (.sif) of the weight-streaming build python-ws runs in; empty: the "
                                 "'image' one (a site whose one image holds both builds)")
     mount_dirs: tuple[str, ...] = setting((), "paths bound into the container, comma-separated in env [MOUNT_DIRS]")
-    def_nodes: int = setting(1, "nodes csrun_wse uses when --total-nodes is not given [DEF_NODES]", min=1)
-    def_tasks_per_node: int = setting(1, "tasks per node when --tasks-per-node is not given [DEF_TASKS_PER_NODE]", min=1)
-    def_cpus_per_task: int = setting(1, "CPUs per task when --cpus-per-task is not given [DEF_CPUS_PER_TASK]", min=1)
+    def_nodes: int = setting(1, "nodes csrun_wse uses when --total-nodes is not given [DEF_NODES]", min=1,
+                             max=MAX_NODES)
+    def_tasks_per_node: int = setting(1, "tasks per node when --tasks-per-node is not given [DEF_TASKS_PER_NODE]", min=1,
+                                      max=MAX_PER_NODE)
+    def_cpus_per_task: int = setting(1, "CPUs per task when --cpus-per-task is not given [DEF_CPUS_PER_TASK]", min=1,
+                                     max=MAX_PER_NODE)
     gres_resource: str = setting("cs:1", "the generic resource that stands for the system, asked for by the chief only [GRES_RESOURCE]",
                                  pattern=GRES_PATTERN, what="a Slurm GRES such as 'cs:1' (name[:type]:count)")
     gres_node: str = setting("", "the node that owns that resource; csrun_cpu keeps off it [GRES_NODE]")

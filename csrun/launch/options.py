@@ -28,7 +28,7 @@ from typing import Any, Callable, TypeVar
 
 from csrun.errors import ConfigError, UsageError
 from csrun.help_style import HELP_LINE, OPTIONS_TITLE, VERSION_LINE, help_header, option_line, wrap_help
-from csrun.site import SiteConfig
+from csrun.site import MAX_NODES, MAX_PER_NODE, SiteConfig
 from csrun.typed_config import field_doc, from_text, setting, valid_range
 
 SBATCH_LOG_DIR = "csrun_logs"
@@ -39,10 +39,6 @@ OPTIONAL_VALUE = re.compile(rf"^({DEVICE_PATTERN})$")
 """What an option with an optional value accepts as its next word (device names)."""
 TIME_PATTERN = r"(?=.*[1-9])(\d{1,4}-)?\d{1,7}(:\d{1,2}){0,2}"
 """A Slurm time limit greater than 0: ``MINUTES``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM`` or ``D-HH:MM:SS``."""
-MAX_NODES = 1 << 16
-"""The most nodes a job asks for (more than a Slurm cluster has)."""
-MAX_PER_NODE = 65534
-"""The most tasks per node, or CPUs per task: Slurm holds each in 16 bits (65535 means "not set")."""
 MAX_SIGNAL_LEAD_S = 65535
 """The longest ``sbatch --signal=SIG@LEAD`` lead Slurm takes, in seconds."""
 

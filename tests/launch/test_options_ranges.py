@@ -66,3 +66,16 @@ def test_the_launchers_refuse_the_issue_examples_in_one_line(main: object, argv:
     out = capsys.readouterr()
     assert out.err.strip().splitlines() == [out.err.strip()] and says in out.err and "Traceback" not in out.err
     assert "Launching" not in out.out and "#SBATCH" not in out.out
+
+
+@pytest.mark.parametrize("variable, option", [("CSRUN_DEF_NODES", "total_nodes"),
+                                              ("CSRUN_DEF_TASKS_PER_NODE", "tasks_per_node"),
+                                              ("CSRUN_DEF_CPUS_PER_TASK", "cpus_per_task")])
+def test_the_sites_defaults_take_the_options_ranges(variable: str, option: str) -> None:
+    from csrun.errors import ConfigError
+    from csrun.site import load_site_config
+
+    most = {f.name: f for f in dataclasses.fields(WseOptions)}[option].metadata["max"]
+    assert getattr(load_site_config({variable: str(most)}), variable[6:].lower()) == most
+    with pytest.raises(ConfigError, match=rf"^environment {variable}: '{most + 1}' must be at most {most} "):
+        load_site_config({variable: str(most + 1)})
