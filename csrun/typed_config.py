@@ -287,7 +287,7 @@ def _check_bounds(value: Any, f: dataclasses.Field, path: str, shown: Any) -> No
         raise ConfigError(f"{path}: {shown!r} is not a number")
     whole = valid_range(f)
     if isinstance(value, float) and math.isinf(value) and f.metadata.get("finite", True):
-        raise ConfigError(f"{path}: {shown!r} must be a finite number" + (f" ({whole})" if whole else ""))
+        raise ConfigError(f"{path}: {shown!r} must be a finite number" + (f" (valid: {whole})" if whole else ""))
     both = f" (valid: {whole})" if " and " in whole else ""
     for key, broken, words in (("min", lambda b: value < b, "at least"), ("above", lambda b: not value > b, "greater than"),
                                ("max", lambda b: value > b, "at most"), ("below", lambda b: not value < b, "less than")):

@@ -39,7 +39,7 @@ class Knobs:
     ("count", 10**20, "count: 100000000000000000000 must be at most 100 (valid: at least 1 and at most 100)"),
     ("rate", 1.0, "rate: 1.0 must be less than 1 (valid: at least 0 and less than 1)"),
     ("scale", -7, "scale: -7 must be greater than 0"),
-    ("scale", math.inf, "scale: inf must be a finite number (greater than 0)"),
+    ("scale", math.inf, "scale: inf must be a finite number (valid: greater than 0)"),
     ("anything", -math.inf, "anything: -inf must be a finite number"),
     ("anything", math.nan, "anything: nan is not a number"),
     ("anything", 1e100, "anything: 1e+100 is out of range: a setting's numbers stay within float32's +-3.4e+38"),

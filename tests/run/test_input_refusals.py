@@ -30,7 +30,7 @@ def _params(tmp_path: Path, section: str, key: str, value: Any) -> Path:
     ("train_input", "shuffle_seed", -1e308, "train_input.shuffle_seed: -1e+308 must be at least 0"),
     ("optimizer", "loss_scaling_factor", float("inf"), "optimizer.loss_scaling_factor: inf must be a finite number"),
     ("optimizer", "loss_scaling_factor", -7, "optimizer.loss_scaling_factor: -7 must be greater than 0"),
-    ("optimizer", "momentum", float("inf"), "optimizer.momentum: inf must be a finite number (at least 0)"),
+    ("optimizer", "momentum", float("inf"), "optimizer.momentum: inf must be a finite number (valid: at least 0)"),
     ("model", "depth", 1e100, "model.depth: 1e+100 must be at most 1024 (valid: at least 1 and at most 1024)"),
     ("model", "hidden_size", 10**8, "model: its shapes make 10,000,007,600,000,010 parameters (36379.8 TiB of float32 "
                                     "weights), more than this machine's memory"),
