@@ -39,17 +39,18 @@ class _Bytes:
         return n
 
 
-@pytest.mark.parametrize("shape", [HUGE_EMPTY, [2**40 - 1, 0, 2**40 - 1], [0] + [2**39] * 15])
+@pytest.mark.parametrize("shape", [HUGE_EMPTY, [2**40 - 1, 0, 2**40 - 1], [0] + [2**39] * 15, [0, 2**31, 2**32]])
 def test_an_empty_tensor_whose_strides_overflow_is_a_protocol_error(shape: list[int]) -> None:
     link = _Bytes(_frame({"op": "step", "tensors": [{"dtype": "float32", "shape": shape}]}))
-    with pytest.raises(ProtocolError, match=r"^empty tensor of shape \[.*\]: its other dimensions span more than"):
+    with pytest.raises(ProtocolError, match=r"^empty tensor of shape \[.*\]: its strides do not fit in 64 bits$"):
         wire.recv_frame(link, wire.Limits())
 
 
-def test_an_empty_tensor_of_sane_shape_still_travels() -> None:
-    header, tensors = wire.recv_frame(_Bytes(_frame({"op": "x", "tensors": [{"dtype": "int32", "shape": [0, 128]}]})),
+@pytest.mark.parametrize("shape", [[0, 128], [2**30, 0], [0, 2**32, 2**31 - 1]])
+def test_an_empty_tensor_whose_strides_fit_still_travels(shape: list[int]) -> None:
+    header, tensors = wire.recv_frame(_Bytes(_frame({"op": "x", "tensors": [{"dtype": "int32", "shape": shape}]})),
                                       wire.Limits())
-    assert header["op"] == "x" and tensors[0].shape == (0, 128)
+    assert header["op"] == "x" and list(tensors[0].shape) == shape
 
 
 def test_the_server_closes_such_a_frame_in_one_line_and_goes_on(server: EmulatorServer,
