@@ -10,7 +10,8 @@ Forms accepted (surrounding blanks are ignored):
 ``[v6]`` / ``::1``  an IPv6 address without a port (port 9000)
 ==================  ============================================================
 
-The port must be a whole number from 1 to 65535 (0 too with ``allow_zero``: "listen on a
+The host must be a host name (RFC 1123 labels; ``_`` allowed), an IPv4 or an IPv6 address: a
+URL, a path, blanks or a 300-character word are refused. The port must be a whole number from 1 to 65535 (0 too with ``allow_zero``: "listen on a
 free port"). A bad address raises :class:`AddressError`, one line that names the bad value
 and shows a good one. :class:`Address` prints back as ``host:port`` (``[v6]:port``), the
 form every command shows and the run's params record.
@@ -22,6 +23,8 @@ with :func:`parse_address`.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import NamedTuple
 
 from csrun.errors import UserError
@@ -69,6 +72,19 @@ def _split(text: str) -> tuple[str, str]:
     return host, port
 
 
+_HOST = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                   r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+"""A host name (labels of letters, digits, ``-`` and ``_``, at most 63 characters each, 253 in all) or an IPv4 address."""
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_address(text: str, *, allow_zero: bool = False) -> Address:
     """``text`` as an :class:`Address` (forms in the module manual); :class:`AddressError` if bad."""
     if not isinstance(text, str):
@@ -77,8 +93,9 @@ def parse_address(text: str, *, allow_zero: bool = False) -> Address:
     if not text:
         raise AddressError(f"the address is empty; {_EXAMPLE}")
     host, port_text = _split(text)
-    if any(c.isspace() for c in host):
-        raise AddressError(f"bad host {host!r} in the address {text!r}; {_EXAMPLE}")
+    if host and not (_HOST.fullmatch(host) if ":" not in host else _is_ipv6(host)):
+        raise AddressError(f"bad host {host!r} in the address {text!r}: not a host name, IPv4 or IPv6 address; "
+                           f"{_EXAMPLE}")
     if not port_text:
         return Address(host or DEFAULT_HOST, DEFAULT_PORT)
     if not port_text.isdigit():

@@ -36,6 +36,8 @@ from csrun.errors import ConfigError
 from csrun.typed_config import from_text, setting
 
 PREFIX = "CSRUN_"
+WEEK_S = 7 * 24 * 3600
+"""The longest finite wait a knob sets, in seconds (longer ones overflow the waits they feed)."""
 
 
 def env_name(field_name: str) -> str:
@@ -59,14 +61,15 @@ class EnvSettings:
         "auto", "the chief's progress display: a redrawn bar, one line per report, or a bar on a terminal only")
     gc_freeze: bool = setting(True, "a Session freezes the heap built before it out of the garbage collector's scans")
     stream_timeout: float = setting(
-        60.0, "seconds the chief waits for a batch before it names the streamer that is late", above=0)
+        60.0, "seconds the chief waits for a batch before it names the streamer that is late", above=0, finite=False)
     stream_error_grace: float = setting(
-        10.0, "seconds a streamer's error report may take to reach the chief before the task ends anyway", above=0)
+        10.0, "seconds a streamer's error report may take to reach the chief before the task ends anyway", above=0,
+        finite=False)
     mpi_init_timeout: float = setting(
-        120.0, "seconds a task waits in MPI_Init for its peers before it ends with one line", above=0, finite=True)
+        120.0, "seconds a task waits in MPI_Init for its peers before it ends with one line", above=0, max=WEEK_S)
     mpi_arrivals: bool = setting(True, "tasks of a node wait asleep for each other before MPI_Init (MPICH's spins)")
     mpi_arrivals_wait: float = setting(
-        30.0, "seconds a task waits asleep for the other tasks of its node before MPI_Init", above=0, finite=True)
+        30.0, "seconds a task waits asleep for the other tasks of its node before MPI_Init", above=0, max=WEEK_S)
     preempt_signal: str = setting(
         "USR1", "the signal Slurm sends before it preempts the job (sbatch --signal); the chief then saves and "
                 "requeues", pattern=r"\s*(?i:(SIG)?(USR1|USR2|TERM))\s*", what="a preemption signal: USR1, USR2 or TERM")
@@ -74,14 +77,14 @@ class EnvSettings:
         3, "preemptions in a row without a gained step before the job stops requeueing itself", min=1)
     slurm_probe_timeout: float = setting(
         5.0, "seconds csrun_wse and csrun_cpu wait for the Slurm controller to answer before they run locally",
-        above=0, finite=True)
+        above=0, max=WEEK_S)
     emulator_start_timeout: float = setting(
-        60.0, "seconds csrun_wse --emulator waits for the job's emulator to listen", above=0, finite=True)
+        60.0, "seconds csrun_wse --emulator waits for the job's emulator to listen", above=0, max=WEEK_S)
     connect_timeout: float = setting(
-        10.0, "seconds the chief keeps trying to reach the system at --cs_ip", above=0, finite=True)
+        10.0, "seconds the chief keeps trying to reach the system at --cs_ip", above=0, max=WEEK_S)
     queue_timeout: float = setting(
         600.0, "seconds the chief waits in the queue of a system busy with another job before it gives up "
-               "(0: not at all)", min=0, finite=True)
+               "(0: not at all)", min=0, max=WEEK_S)
     emulator_token: str = setting(
         "", "the secret the chief presents to the emulator (csrun_wse --emulator sets one per job); empty: the "
             "token file cs_emulator wrote", secret=True)

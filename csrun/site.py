@@ -43,6 +43,10 @@ SYSTEM_SITE_CONFIG = Path("/etc/csrun/site.yaml")
 """The system-wide site config, an admin's (looked at after the user's)."""
 USER_SITE_CONFIG = Path("csrun") / "site.yaml"
 """The user's site config, under ``$XDG_CONFIG_HOME`` (default ``~/.config``)."""
+MAX_NODES = 1 << 16
+"""The most nodes a job asks for (more than a Slurm cluster has)."""
+MAX_PER_NODE = 65534
+"""The most tasks per node, or CPUs per task: Slurm holds each in 16 bits (65535 means "not set")."""
 GRES_PATTERN = r"[A-Za-z][\w.-]*(:[\w.-]+)?:\d+"
 """A Slurm GRES: ``name[:type]:count``."""
 
@@ -55,9 +59,12 @@ class SiteConfig:
     ws_image: str = setting("", "container image (.sif) of the weight-streaming build python-ws runs in; empty: the "
                                 "'image' one (a site whose one image holds both builds)")
     mount_dirs: tuple[str, ...] = setting((), "paths bound into the container, comma-separated in env [MOUNT_DIRS]")
-    def_nodes: int = setting(1, "nodes csrun_wse uses when --total-nodes is not given [DEF_NODES]", min=1)
-    def_tasks_per_node: int = setting(1, "tasks per node when --tasks-per-node is not given [DEF_TASKS_PER_NODE]", min=1)
-    def_cpus_per_task: int = setting(1, "CPUs per task when --cpus-per-task is not given [DEF_CPUS_PER_TASK]", min=1)
+    def_nodes: int = setting(1, "nodes csrun_wse uses when --total-nodes is not given [DEF_NODES]", min=1,
+                             max=MAX_NODES)
+    def_tasks_per_node: int = setting(1, "tasks per node when --tasks-per-node is not given [DEF_TASKS_PER_NODE]", min=1,
+                                      max=MAX_PER_NODE)
+    def_cpus_per_task: int = setting(1, "CPUs per task when --cpus-per-task is not given [DEF_CPUS_PER_TASK]", min=1,
+                                     max=MAX_PER_NODE)
     gres_resource: str = setting("cs:1", "the generic resource that stands for the system, asked for by the chief only [GRES_RESOURCE]",
                                  pattern=GRES_PATTERN, what="a Slurm GRES such as 'cs:1' (name[:type]:count)")
     gres_node: str = setting("", "the node that owns that resource; csrun_cpu keeps off it [GRES_NODE]")
@@ -99,10 +106,20 @@ def site_config_path(environ: Mapping[str, str] | None = None) -> Path | None:
     explicit = env_settings(env).site_config
     if explicit.strip():
         path = Path(explicit)
-        if not path.is_file():
-            raise ConfigError(f"{env_name('site_config')}={explicit!r}: no such file. Point it at a YAML site config or unset it.")
+        why = _not_a_file(path)
+        if why:
+            raise ConfigError(f"{env_name('site_config')}={explicit!r}: {why}. Point it at a YAML site config or unset it.")
         return path
-    return next((path for path in site_config_candidates(environ) if path.is_file()), None)
+    return next((path for path in site_config_candidates(environ) if not _not_a_file(path)), None)
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not a file to read (``no such file``, or the system's reason: a name too
+    long, a folder not searchable), or ``""`` when it is one."""
+    try:
+        return "" if path.is_file() else "no such file"
+    except OSError as exc:
+        return f"cannot be looked at: {exc.strerror or type(exc).__name__}"
 
 
 def load_site_config(environ: Mapping[str, str] | None = None) -> SiteConfig:

@@ -3,8 +3,11 @@
 Every setting csrun reads — the site config (:mod:`csrun.site`), launcher options
 (:mod:`csrun.launch.options`), the params YAML (:mod:`csrun.run.params`) and the input sections
 (:mod:`csrun.data.config`) — is a field of a keyword-only dataclass declared with
-:func:`setting` (or :func:`required`): a default, a doc, and optional bounds (``min``, a
-``pattern`` with the words ``what`` it stands for). Three readers share one set of rules:
+:func:`setting` (or :func:`required`): a default, a doc, and the field's valid range, declared
+once (``min``, ``max``, ``above``, ``below``, ``finite``; a ``pattern`` with the words ``what`` it
+stands for). Whatever a field declares, NaN is refused, a float stays within float32's range and
+a whole number within 64 bits: no value read from a user reaches torch, numpy or Slurm as a
+number they cannot hold. Three readers share one set of rules:
 
 * :func:`from_mapping` builds a dataclass from a YAML mapping: every key must be a field (an
   unknown key names its path, suggests the closest key and lists the valid ones with their
@@ -36,8 +39,8 @@ from typing import Any, Literal, Mapping, TypeVar, Union, get_args, get_origin
 
 from csrun.errors import ConfigError
 
-__all__ = ["ConfigError", "bool_word", "check_fields", "field_doc", "from_mapping", "from_text", "required",
-           "setting", "valid_keys"]
+__all__ = ["FLOAT_LIMIT", "INT_LIMITS", "ConfigError", "bool_word", "check_fields", "field_doc", "from_mapping",
+           "from_text", "required", "setting", "valid_keys", "valid_range"]
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
@@ -46,29 +49,57 @@ _FALSE = frozenset({"false", "no", "0", "off"})
 _NONE = frozenset({"", "none", "null"})
 
 
-def setting(default: Any, doc: str, *, min: int | float | None = None, above: float | None = None,
-            below: float | None = None, finite: bool = False, pattern: str | None = None, what: str = "",
-            **metadata: Any) -> Any:
-    """A config field: its default, its meaning, and optional bounds.
+FLOAT_LIMIT = 3.4028234663852886e38
+"""The largest finite number a setting takes (float32's: what the device computes in)."""
+INT_LIMITS = (-(2**63), 2**63 - 1)
+"""The least and the greatest whole number a setting takes (a 64-bit integer's: torch's, numpy's, Slurm's)."""
 
-    ``min``: the least value a number may take; ``above``: a number it must exceed (``above=0``:
-    positive); ``below``: a number it must stay under (a dropout rate: ``below=1``); ``finite``:
-    infinity is refused (NaN always is). ``pattern``: a regular expression a non-empty
-    string must match in full; ``what`` says in words what it stands for (used in the error).
-    A list or dict default is copied for every instance. Extra ``metadata`` is kept for the
-    field's reader (e.g. the launcher's ``flag``).
+
+def setting(default: Any, doc: str, *, min: int | float | None = None, max: int | float | None = None,
+            above: float | None = None, below: float | None = None, finite: bool = True,
+            pattern: str | None = None, what: str = "", **metadata: Any) -> Any:
+    """A config field: its default, its meaning, and its valid range, declared once.
+
+    ``min`` / ``max``: the least / greatest value a number may take; ``above`` / ``below``: a
+    number it must exceed / stay under (``above=0``: positive; a dropout rate: ``below=1``).
+    ``finite=False``: infinity is a value (a timeout that never expires), whatever ``max``
+    says of finite ones; by default it is refused. Whatever the bounds, NaN is refused, a float's size stays within float32's
+    (:data:`FLOAT_LIMIT`) and a whole number's within 64 bits (:data:`INT_LIMITS`).
+    ``pattern``: a regular expression a non-empty string must match in full; ``what`` says in
+    words what it stands for (used in the error). A list or dict default is copied for every
+    instance. Extra ``metadata`` is kept for the field's reader (e.g. the launcher's ``flag``).
     """
-    meta = {"doc": doc, "min": min, "above": above, "below": below, "finite": finite, "pattern": pattern,
-            "what": what, **metadata}
+    meta = _bounds(doc, min=min, max=max, above=above, below=below, finite=finite, pattern=pattern, what=what)
+    meta.update(metadata)
     if isinstance(default, (list, dict)):
         fresh: Any = default
         return dataclasses.field(default_factory=lambda: type(fresh)(fresh), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
-def required(doc: str, *, min: int | float | None = None, pattern: str | None = None, what: str = "") -> Any:
-    """A config field the input must give (no default)."""
-    return dataclasses.field(metadata={"doc": doc, "min": min, "pattern": pattern, "what": what})
+def required(doc: str, *, min: int | float | None = None, max: int | float | None = None, above: float | None = None,
+             below: float | None = None, finite: bool = True, pattern: str | None = None, what: str = "") -> Any:
+    """A config field the input must give (no default); its bounds as :func:`setting`'s."""
+    return dataclasses.field(metadata=_bounds(doc, min=min, max=max, above=above, below=below, finite=finite,
+                                              pattern=pattern, what=what))
+
+
+def _bounds(doc: str, **bounds: Any) -> dict[str, Any]:
+    return {"doc": doc, **bounds}
+
+
+def valid_range(f: dataclasses.Field) -> str:
+    """The field's declared range in words (``at least 0 and less than 1``), or ``""`` when it has none."""
+    parts = []
+    if f.metadata.get("min") is not None:
+        parts.append(f"at least {f.metadata['min']}")
+    if f.metadata.get("above") is not None:
+        parts.append(f"greater than {f.metadata['above']:g}")
+    if f.metadata.get("max") is not None:
+        parts.append(f"at most {f.metadata['max']}")
+    if f.metadata.get("below") is not None:
+        parts.append(f"less than {f.metadata['below']:g}")
+    return " and ".join(parts) + (", or inf" if parts and f.metadata.get("finite") is False else "")
 
 
 def field_doc(f: dataclasses.Field) -> str:
@@ -82,6 +113,17 @@ def _default_of(f: dataclasses.Field) -> Any:
     if f.default_factory is not _MISSING:  # type: ignore[misc]
         return f.default_factory()  # type: ignore[misc]
     return _MISSING
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s resolved field types, resolved once (resolving them was most of a read's time)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
 def _init_fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -215,7 +257,10 @@ def _check_plain(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError(f"{path}: {value!r} must be a whole number")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer beyond any float
+                raise _beyond_float32(path, value, "") from None
         if isinstance(value, str):  # YAML 1.1 reads 1e-4 as a string
             try:
                 return float(value)
@@ -230,25 +275,38 @@ def _check_plain(value: Any, tp: Any, path: str) -> Any:
 
 
 def _check_bounds(value: Any, f: dataclasses.Field, path: str, shown: Any) -> None:
-    """The field's ``min`` and ``pattern`` rules; ``shown`` is the value as the user wrote it."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and value != value:
-        raise ConfigError(f"{path}: {shown!r} is not a number")
-    least = f.metadata.get("min")
-    if least is not None and number and value < least:
-        raise ConfigError(f"{path}: {shown!r} must be at least {least}")
-    above = f.metadata.get("above")
-    if above is not None and number and not value > above:
-        raise ConfigError(f"{path}: {shown!r} must be greater than {above:g}")
-    below = f.metadata.get("below")
-    if below is not None and number and not value < below:
-        raise ConfigError(f"{path}: {shown!r} must be less than {below:g}")
-    if f.metadata.get("finite") and number and math.isinf(value):
-        raise ConfigError(f"{path}: {shown!r} must be a finite number")
+    """The field's range and ``pattern`` rules; ``shown`` is the value as the user wrote it.
+    A number out of range names the bound it broke, and the whole range when it has two sides."""
     pattern = f.metadata.get("pattern")
     if pattern and isinstance(value, str) and value and not re.fullmatch(pattern, value):
         what = f.metadata.get("what") or f"a match of {pattern!r}"
         raise ConfigError(f"{path}: {shown!r} is not {what}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    if value != value:
+        raise ConfigError(f"{path}: {shown!r} is not a number")
+    whole = valid_range(f)
+    if isinstance(value, float) and math.isinf(value) and f.metadata.get("finite", True):
+        raise ConfigError(f"{path}: {shown!r} must be a finite number" + (f" (valid: {whole})" if whole else ""))
+    both = f" (valid: {whole})" if " and " in whole else ""
+    for key, broken, words in (("min", lambda b: value < b, "at least"), ("above", lambda b: not value > b, "greater than"),
+                               ("max", lambda b: value > b, "at most"), ("below", lambda b: not value < b, "less than")):
+        bound = f.metadata.get(key)
+        if key in ("max", "below") and value == math.inf:  # allowed above (finite=False): no limit, not a big one
+            continue
+        if bound is not None and broken(bound):
+            shown_bound = bound if key in ("min", "max") else f"{bound:g}"
+            raise ConfigError(f"{path}: {shown!r} must be {words} {shown_bound}{both}")
+    if isinstance(value, float) and not math.isinf(value) and abs(value) > FLOAT_LIMIT:
+        raise _beyond_float32(path, shown, whole)
+    elif isinstance(value, int) and not INT_LIMITS[0] <= value <= INT_LIMITS[1]:
+        raise ConfigError(f"{path}: {shown!r} is out of range: a whole number here fits in 64 bits "
+                          f"({INT_LIMITS[0]} to {INT_LIMITS[1]})")
+
+
+def _beyond_float32(path: str, shown: Any, whole: str) -> ConfigError:
+    return ConfigError(f"{path}: {shown!r} is out of range: a setting's numbers stay within float32's "
+                       f"+-{FLOAT_LIMIT:.3g}" + (f" ({whole})" if whole else ""))
 
 
 def _read(value: Any, f: dataclasses.Field, tp: Any, path: str, text: bool) -> Any:
@@ -279,7 +337,7 @@ def _from_mapping(cls: type[T], data: Mapping[str, Any], path: str) -> T:
     if not isinstance(data, Mapping):
         where = f"{path}: " if path else ""
         raise ConfigError(f"{where}must be a mapping of keys to values, got {data!r}.\n{valid_keys(cls)}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = _init_fields(cls)
     values: dict[str, Any] = {}
     for key, value in data.items():
@@ -302,11 +360,11 @@ def from_text(cls: type, name: str, raw: str, path: str) -> Any:
     fields = _init_fields(cls)
     if name not in fields:
         raise ConfigError(f"{path}: unknown key {name!r}.\n{valid_keys(cls)}")
-    return _read(raw, fields[name], typing.get_type_hints(cls)[name], path, text=True)
+    return _read(raw, fields[name], _hints(cls)[name], path, text=True)
 
 
 def check_fields(obj: Any, path: str) -> None:
     """Check every field of the dataclass instance ``obj`` by its type and bounds (ConfigError under ``path``)."""
-    hints = typing.get_type_hints(type(obj))
+    hints = _hints(type(obj))
     for name, f in _init_fields(type(obj)).items():
         _read(getattr(obj, name), f, hints[name], _join(path, name), text=False)

@@ -2,12 +2,14 @@
 
 Whatever the file holds — nothing, binary bytes, text that is not YAML, nesting deep enough to
 exhaust the parser's recursion, a tag that would build a Python object, a size no config has —
+and whatever the path names — a directory, a device that never ends (``/dev/zero``), a pipe —
 :func:`read_yaml` returns plain data (``yaml.safe_load``: nothing in the file is run) or raises a
 :class:`~csrun.errors.ConfigError` (exit 2) naming the file and the problem.
 """
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +24,17 @@ MAX_BYTES = 16 << 20
 def read_yaml(path: Path, what: str) -> Any:
     """The data in ``path`` (``what``: how to name it in an error, e.g. ``--params p.yaml``)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ConfigError(f"{what}: {size} bytes, more than any config holds ({MAX_BYTES} at most)")
-        text = path.read_bytes().decode("utf-8")
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a device, pipe or socket"
+            raise ConfigError(f"{what}: {kind}, not a file; give a YAML file")
+        if info.st_size > MAX_BYTES:
+            raise ConfigError(f"{what}: {info.st_size} bytes, more than any config holds ({MAX_BYTES} at most)")
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)  # a file that grew since: read no more than the limit
+        if len(raw) > MAX_BYTES:
+            raise ConfigError(f"{what}: more than any config holds ({MAX_BYTES} bytes at most)")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{what}: no such file") from None
     except UnicodeDecodeError as exc:

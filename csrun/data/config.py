@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, TypeVar
 
 from csrun.data.errors import DataError
-from csrun.data.formats import DatasetMetadata
+from csrun.data.formats import MAX_SAMPLES, MAX_SEQ_LENGTH, DatasetMetadata
+from csrun.data.hdf5_dataset import MAX_WORKERS
 from csrun.errors import ConfigError
 from csrun.typed_config import check_fields, from_mapping, required, setting
 
@@ -36,6 +37,8 @@ DATA_PROCESSORS = {"BertHDF5DataProcessor": "mlm_nsp", "GptHDF5DataProcessor": "
 """Legacy-style processor names and the format each reads."""
 
 InputT = TypeVar("InputT", bound="InputConfig")
+MAX_PREFETCH = 64
+"""The most batches ``prefetch_factor`` asks each worker for (the chief's ring holds as many per streamer)."""
 
 
 @dataclass(kw_only=True)
@@ -44,13 +47,14 @@ class InputConfig:
 
     data_dir: str = setting("", "where the data is (the directory cs_convert_hdf5 wrote; '' for a model's bundled "
                                 "or synthetic data)")
-    batch_size: int = required("samples per batch: each step trains on one batch, from one streamer in turn", min=1)
+    batch_size: int = required("samples per batch: each step trains on one batch, from one streamer in turn", min=1,
+                               max=MAX_SAMPLES)
     shuffle: bool = setting(True, "shuffle the samples, with a new seeded permutation every epoch")
-    shuffle_seed: int = setting(0, "seed of the shuffle (every streamer draws the same permutation)")
+    shuffle_seed: int = setting(0, "seed of the shuffle (every streamer draws the same permutation)", min=0)
     drop_last_batch: bool = setting(True, "drop a short last batch (the system needs static shapes)")
-    num_workers: int = setting(0, "DataLoader worker processes per streamer", min=0)
+    num_workers: int = setting(0, "DataLoader worker processes per streamer", min=0, max=MAX_WORKERS)
     prefetch_factor: int | None = setting(None, "batches each worker prefetches (needs num_workers > 0); "
-                                                "also the stream's ring size", min=1)
+                                                "also the stream's ring size", min=1, max=MAX_PREFETCH)
     persistent_workers: bool = setting(False, "keep DataLoader workers between epochs (only with workers)")
 
     @classmethod
@@ -74,8 +78,10 @@ class HDF5InputConfig(InputConfig):
     data_processor: Literal["BertHDF5DataProcessor", "GptHDF5DataProcessor"] | None = setting(
         None, "BertHDF5DataProcessor (mlm_nsp data) or GptHDF5DataProcessor (causal_lm data); "
               "checked against the data when given")
-    max_sequence_length: int | None = setting(None, "tokens per sample; must equal the data's max_seq_length", min=1)
-    max_predictions_per_seq: int | None = setting(None, "masked positions per sample; must equal the data's", min=1)
+    max_sequence_length: int | None = setting(None, "tokens per sample; must equal the data's max_seq_length", min=1,
+                                              max=MAX_SEQ_LENGTH)
+    max_predictions_per_seq: int | None = setting(None, "masked positions per sample; must equal the data's", min=1,
+                                                  max=MAX_SEQ_LENGTH)
     vocab_file: str | None = setting(None, "a vocab.txt whose token count must equal the data's vocab_size")
     int_dtype: Literal["int64", "stored"] = setting("int64", "integer fields as int64, or as stored (int32, the system's)")
 

@@ -206,6 +206,19 @@ def check_record(meta: DatasetMetadata, path: Path) -> None:
                             f"{want['dtype']} of per-sample shape {want['shape']}")
 
 
+def value_ranges(meta: DatasetMetadata) -> dict[str, tuple[float, float, str]]:
+    """Per field of the record's format: ``(least, greatest, what the values are)``, the range every
+    stored value must be in before it reaches a model (an id past the vocabulary would index past
+    an embedding; a label of -7 would reach a loss kernel)."""
+    ids = (0, meta.vocab_size - 1, f"token ids of the data's {meta.vocab_size}-token vocabulary")
+    flag = (0, 1, "0 or 1")
+    ranges = {"input_ids": ids, "labels": ids, "masked_lm_ids": ids, "attention_mask": flag, "token_type_ids": flag,
+              "next_sentence_label": flag, "masked_lm_weights": (0.0, 1.0, "weights from 0 to 1"),
+              "masked_lm_positions": (0, meta.max_seq_length - 1,
+                                      f"positions in a sequence of {meta.max_seq_length} tokens")}
+    return {name: ranges[name] for name in FORMATS[meta.format]}
+
+
 def metadata_fields(fmt: str, max_seq_length: int, max_predictions_per_seq: int | None) -> dict[str, dict[str, Any]]:
     """The ``fields`` entry of the record for a format and sizes."""
     return {name: {"dtype": dtype, "shape": list(shape)}
@@ -214,4 +227,4 @@ def metadata_fields(fmt: str, max_seq_length: int, max_predictions_per_seq: int 
 
 __all__ = ["METADATA_FILE", "VOCAB_FILE", "SHARD_PATTERN", "SPECIAL_TOKENS", "FORMATS", "field_shapes",
            "ShardRecord", "DatasetMetadata", "read_metadata", "metadata_fields", "check_record", "MAX_SEQ_LENGTH",
-           "MAX_SAMPLES"]
+           "MAX_SAMPLES", "value_ranges"]

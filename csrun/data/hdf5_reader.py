@@ -4,6 +4,13 @@ No file is opened when a reader is made: each process opens the shards on its fi
 (a DataLoader worker opens its own handles; handles are never shared across a fork) and a
 pickled reader (``spawn`` workers) carries paths only. Files are opened read-only with HDF5
 file locking off, which shared file systems need.
+
+Every shard is checked against the record before its first read, and every value read against
+its field's range (:func:`~csrun.data.formats.value_ranges`: token ids inside the vocabulary,
+masks and labels 0 or 1, positions inside the sequence, weights from 0 to 1) before it leaves
+the reader: a value out of range is a :class:`DataError` naming the file, the field, the row
+and the value, on the CPU path and on the device alike (both read batches here), never an
+index error inside an embedding or a loss kernel.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from csrun.data.errors import DataError
-from csrun.data.formats import DatasetMetadata, read_metadata
+from csrun.data.formats import DatasetMetadata, read_metadata, value_ranges
 
 
 class ShardReader:
@@ -28,6 +35,7 @@ class ShardReader:
         self._paths = [self.data_dir / s.file for s in self.metadata.shards]
         counts = np.array([s.num_samples for s in self.metadata.shards], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._ranges = value_ranges(self.metadata)
         self._handles: dict[int, Any] = {}
         self._pid: int | None = None
 
@@ -108,6 +116,7 @@ class ShardReader:
                     rows = ds[lo:hi][local_sorted - lo]
                 else:
                     rows = ds[local_sorted]
+                self._check_values(int(f), name, rows, local_sorted)
                 if name not in out:
                     out[name] = np.empty((len(indices), *ds.shape[1:]), dtype=ds.dtype)
                 out[name][where[order]] = rows
@@ -115,6 +124,20 @@ class ShardReader:
             for name, spec in self.metadata.fields.items():
                 out[name] = np.empty((0, *spec["shape"]), dtype=spec["dtype"])
         return out
+
+    def _check_values(self, index: int, name: str, rows: np.ndarray, local_rows: np.ndarray) -> None:
+        """Every value of ``rows`` (field ``name`` of shard ``index`` at ``local_rows``) in its range
+        (:func:`~csrun.data.formats.value_ranges`): DataError naming the file, field, row and value."""
+        least, greatest, what = self._ranges[name]
+        inside = (rows >= least) & (rows <= greatest)  # NaN is outside
+        if inside.all():
+            return
+        where = tuple(int(i) for i in np.argwhere(~inside)[0])
+        value = rows[where].item()
+        at = f", position {where[1]}" if len(where) > 1 else ""
+        raise DataError(f"shard {str(self._paths[index])!r}: field {name!r} row {int(local_rows[where[0]])}{at} holds "
+                        f"{value!r}, outside {least}..{greatest} ({what}); fix or re-convert the data "
+                        f"(cs_convert_hdf5)")
 
     def close(self) -> None:
         """Close this process's open shard files."""

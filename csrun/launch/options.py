@@ -11,7 +11,10 @@ site config and the params. The parser accepts what the legacy scripts accepted:
 * parsing stops at the first word that is not an option: the rest is the command.
 
 Unlike the legacy scripts, an unknown option is an error (exit 2) that lists the valid ones,
-and a bad value is one too (``option --total-nodes: 'x' is not a whole number``).
+and a bad value is one too, naming the value and what the option takes (``option --total-nodes:
+'x' is not a whole number (valid: at least 1 and at most 65536)``): each option declares its
+range once (whole numbers within Slurm's own limits, a time limit greater than 0, a device
+name), and an option that takes a value never takes an empty one (``--time=``).
 ``--def_*`` style site queries are handled by :data:`SITE_QUERIES`.
 """
 
@@ -25,29 +28,34 @@ from typing import Any, Callable, TypeVar
 
 from csrun.errors import ConfigError, UsageError
 from csrun.help_style import HELP_LINE, OPTIONS_TITLE, VERSION_LINE, help_header, option_line, wrap_help
-from csrun.site import SiteConfig
-from csrun.typed_config import field_doc, from_text, setting
+from csrun.site import MAX_NODES, MAX_PER_NODE, SiteConfig
+from csrun.typed_config import field_doc, from_text, setting, valid_range
 
 SBATCH_LOG_DIR = "csrun_logs"
 """Where ``--use-sbatch`` puts the job's logs when ``--log-dir`` is not given."""
-DEVICE_PATTERN = r"cpu|cuda(:\d+)?"
+DEVICE_PATTERN = r"cpu|cuda(:\d{1,3})?"
 """A device name: what an option with an optional value accepts."""
 OPTIONAL_VALUE = re.compile(rf"^({DEVICE_PATTERN})$")
 """What an option with an optional value accepts as its next word (device names)."""
+TIME_PATTERN = r"(?=.*[1-9])(\d{1,4}-)?\d{1,7}(:\d{1,2}){0,2}"
+"""A Slurm time limit greater than 0: ``MINUTES``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM`` or ``D-HH:MM:SS``."""
+MAX_SIGNAL_LEAD_S = 65535
+"""The longest ``sbatch --signal=SIG@LEAD`` lead Slurm takes, in seconds."""
 
 
-def _opt(default: Any, help: str, *, flag: bool = False, optional: str | None = None,
-         min: int | None = None) -> Any:
+def _opt(default: Any, help: str, *, flag: bool = False, optional: str | None = None, min: int | None = None,
+         max: int | None = None, pattern: str | None = None, what: str = "") -> Any:
     """A dataclass field that is also a command-line option (a :func:`~csrun.typed_config.setting`).
 
     ``flag``: takes no value. ``optional``: the value may be left out; then this is the
     value, and the next word is taken as the value only when it matches ``OPTIONAL_VALUE``.
-    ``min``: the least whole number the option takes.
+    ``min`` / ``max``: the whole numbers the option takes; ``pattern`` / ``what``: the words a
+    text option takes, and what they stand for. An option that takes a value never takes an
+    empty one.
     """
     if optional is not None:
-        return setting(default, help, min=min, flag=flag, optional=optional, pattern=DEVICE_PATTERN,
-                       what="a device (cpu, cuda or cuda:I)")
-    return setting(default, help, min=min, flag=flag, optional=optional)
+        pattern, what = DEVICE_PATTERN, "a device (cpu, cuda or cuda:I)"
+    return setting(default, help, min=min, max=max, flag=flag, optional=optional, pattern=pattern, what=what)
 
 
 @dataclass(kw_only=True)
@@ -59,7 +67,9 @@ class CommonOptions:
     dry_run: bool = _opt(False, "print the line that would run and exit 0", flag=True)
     use_sbatch: bool = _opt(False, "submit the command as a batch job instead of running it now", flag=True)
     wait: bool = _opt(False, "with --use-sbatch: block until the job ends and exit with its exit code", flag=True)
-    time: str = _opt("", "with --use-sbatch: the job's time limit (Slurm format, e.g. 30 or 01:00:00)")
+    time: str = _opt("", "with --use-sbatch: the job's time limit (Slurm format, e.g. 30 or 01:00:00)",
+                     pattern=TIME_PATTERN, what="a Slurm time limit greater than 0 (MINUTES, MM:SS, HH:MM:SS, D-HH, "
+                                                "D-HH:MM or D-HH:MM:SS)")
     job_name: str = _opt("", "the job's name in squeue, for the srun step and the --use-sbatch job (default: <launcher>:<script>, e.g. csrun_wse:run.py)")
     log_dir: str = _opt("", "one log file per task, DIR/<job>-<rank>.log (the console keeps the chief's); with "
                             "--use-sbatch also the job's logs, DIR/<job id>/ (default there: csrun_logs)")
@@ -79,17 +89,22 @@ class CpuOptions(CommonOptions):
 class WseOptions(CommonOptions):
     """csrun_wse's options."""
 
-    total_nodes: int | None = _opt(None, "nodes for the job (default: the site's def_nodes)", min=1)
-    tasks_per_node: int | None = _opt(None, "tasks per node (default: site, or worked out from --cpus-per-task)", min=1)
-    cpus_per_task: int | None = _opt(None, "CPUs per task (default: site, or worked out from --tasks-per-node)", min=1)
-    single_task_nodes: int = _opt(0, "how many nodes run exactly one task; must be less than the number of nodes", min=0)
+    total_nodes: int | None = _opt(None, "nodes for the job (default: the site's def_nodes)", min=1, max=MAX_NODES)
+    tasks_per_node: int | None = _opt(None, "tasks per node (default: site, or worked out from --cpus-per-task)", min=1,
+                                      max=MAX_PER_NODE)
+    cpus_per_task: int | None = _opt(None, "CPUs per task (default: site, or worked out from --tasks-per-node)", min=1,
+                                     max=MAX_PER_NODE)
+    single_task_nodes: int = _opt(0, "how many nodes run exactly one task; must be less than the number of nodes", min=0,
+                                  max=MAX_NODES)
     cyclic: bool = _opt(False, "distribute the worker tasks cyclically (--distribution=cyclic)", flag=True)
-    preempt_lead: int = _opt(90, "with --use-sbatch: seconds before the time limit at which the job checkpoints and requeues itself (0: never)", min=0)
+    preempt_lead: int = _opt(90, "with --use-sbatch: seconds before the time limit at which the job checkpoints and "
+                                 "requeues itself (0: never)", min=0, max=MAX_SIGNAL_LEAD_S)
     emulator: str = _opt("", "[DEVICE] start a cs_emulator for the job on the chief's node (cpu, cuda, cuda:I; default cpu); "
                              "with --num-csx N > 1 no cs_emulator: the N systems run their engines on DEVICE", optional="cpu")
     num_csx: int = _opt(1, "N systems training one model data parallel (a Wafer-Scale Cluster): ranks 1..N are the "
                            "systems (one node and the GRES each), rank N+1 MemoryX, then the streamers; needs "
-                           "--total-nodes >= N+3 (the default grows to that); 1: one system, as without it", min=1)
+                           "--total-nodes >= N+3 (the default grows to that); 1: one system, as without it", min=1,
+                    max=MAX_NODES)
 
 
 SITE_QUERIES: dict[str, Callable[[SiteConfig], str]] = {
@@ -138,11 +153,17 @@ def help_text(prog: str, cls: type[CommonOptions], summary: str) -> str:
 
 
 def _value(cls: type, name: str, raw: str) -> Any:
-    """Option ``name``'s value read from ``raw`` by the typed mechanism; a bad one is a UsageError."""
+    """Option ``name``'s value read from ``raw`` by the typed mechanism; a bad one (an empty one
+    included) is a UsageError naming the value and what the option takes."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    valid = valid_range(f) or f.metadata.get("what")
+    takes = f" (valid: {valid})" if valid else f" ({field_doc(f)})"
     try:
+        if not raw.strip():
+            raise ConfigError(f"{_spelling(name)}: {raw!r} is empty")
         return from_text(cls, name, raw, _spelling(name))
     except ConfigError as exc:
-        raise UsageError(f"option {exc.what}") from None
+        raise UsageError(f"option {exc.what}" + ("" if valid and valid in exc.what else takes)) from None
 
 
 def parse_args(argv: list[str], cls: type[OptionsT], prog: str) -> ParsedArgs:

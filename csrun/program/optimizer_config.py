@@ -17,7 +17,7 @@ from csrun.program.errors import SpecError
 from csrun.program.loss_scaling import INITIAL_LOSS_SCALE, MAX_LOSS_SCALE, MIN_LOSS_SCALE, STEPS_PER_INCREASE
 from csrun.program.optimizers import HYPERPARAMETER_DEFAULTS as OPT, NAMES, OptimizerType, default_eps
 from csrun.program.schedules import build_schedule
-from csrun.typed_config import ConfigError, from_mapping, required, setting
+from csrun.typed_config import ConfigError, check_fields, from_mapping, required, setting
 
 __all__ = ["OptimizerConfig", "check_learning_rate", "read_optimizer_section"]
 
@@ -27,41 +27,41 @@ class OptimizerConfig:
     """``optimizer``: the optimizer, its schedule, loss scaling and clipping (run on the device)."""
 
     optimizer_type: OptimizerType = required("one of " + ", ".join(NAMES) + " (any case)")
-    learning_rate: float | dict[str, Any] | list[dict[str, Any]] = required("a number, a {scheduler: ...} mapping, or a list of them")
-    momentum: float = setting(OPT["momentum"], "SGD / RMSprop momentum")
+    learning_rate: float | dict[str, Any] | list[dict[str, Any]] = required(
+        "a number, a {scheduler: ...} mapping, or a list of them", min=0)
+    momentum: float = setting(OPT["momentum"], "SGD / RMSprop momentum", min=0)
     nesterov: bool = setting(OPT["nesterov"], "SGD Nesterov momentum")
-    weight_decay_rate: float = setting(OPT["weight_decay_rate"], "weight decay")
-    beta1: float = setting(OPT["beta1"], "Adam-family first-moment decay")
-    beta2: float = setting(OPT["beta2"], "Adam-family second-moment decay")
+    weight_decay_rate: float = setting(OPT["weight_decay_rate"], "weight decay", min=0)
+    beta1: float = setting(OPT["beta1"], "Adam-family first-moment decay", min=0, below=1)
+    beta2: float = setting(OPT["beta2"], "Adam-family second-moment decay", min=0, below=1)
     eps: float | None = setting(None, "the optimizer's epsilon (default: its own, see csrun.program.optimizers; "
-                                      "params_train.yaml records the value that runs)")
+                                      "params_train.yaml records the value that runs)", min=0)
     correct_bias: bool = setting(OPT["correct_bias"], "Adam/AdamW/LAMB bias correction")
     amsgrad: bool = setting(OPT["amsgrad"], "Adam-family AMSGrad variant (one more state tensor per weight)")
     exclude_from_weight_decay: list[str] = setting([], "parameter-name substrings that get no weight decay "
                                                        "(e.g. bias, LayerNorm)")
-    rho: float = setting(OPT["rho"], "Adadelta decay")
-    alpha: float = setting(OPT["alpha"], "RMSprop smoothing")
+    rho: float = setting(OPT["rho"], "Adadelta decay", min=0, max=1)
+    alpha: float = setting(OPT["alpha"], "RMSprop smoothing", min=0)
     centered: bool = setting(OPT["centered"], "RMSprop centered")
-    initial_accumulator_value: float = setting(OPT["initial_accumulator_value"], "Adagrad initial accumulator")
-    lr_decay: float = setting(OPT["lr_decay"], "Adagrad learning-rate decay")
-    loss_scaling_factor: float | Literal["dynamic"] = setting(1.0, "a number, or 'dynamic'")
-    initial_loss_scale: float = setting(INITIAL_LOSS_SCALE, "dynamic scaling: the first scale")
-    steps_per_increase: int = setting(STEPS_PER_INCREASE, "dynamic scaling: good steps before the scale doubles")
-    min_loss_scale: float = setting(MIN_LOSS_SCALE, "dynamic scaling: lower bound")
-    max_loss_scale: float = setting(MAX_LOSS_SCALE, "dynamic scaling: upper bound")
-    max_gradient_norm: float | None = setting(None, "clip the global gradient norm to this")
-    max_gradient_value: float | None = setting(None, "clip every gradient element to +-this")
+    initial_accumulator_value: float = setting(OPT["initial_accumulator_value"], "Adagrad initial accumulator", min=0)
+    lr_decay: float = setting(OPT["lr_decay"], "Adagrad learning-rate decay", min=0)
+    loss_scaling_factor: float | Literal["dynamic"] = setting(1.0, "a number, or 'dynamic'", above=0)
+    initial_loss_scale: float = setting(INITIAL_LOSS_SCALE, "dynamic scaling: the first scale", above=0)
+    steps_per_increase: int = setting(STEPS_PER_INCREASE, "dynamic scaling: good steps before the scale doubles", min=1)
+    min_loss_scale: float = setting(MIN_LOSS_SCALE, "dynamic scaling: lower bound", above=0)
+    max_loss_scale: float = setting(MAX_LOSS_SCALE, "dynamic scaling: upper bound", above=0)
+    max_gradient_norm: float | None = setting(None, "clip the global gradient norm to this", above=0)
+    max_gradient_value: float | None = setting(None, "clip every gradient element to +-this", above=0)
     grad_accum_steps: int = setting(1, "gradient accumulation (CPU, and weight-streaming mode on the system; "
-                                        "refused pipelined on the system)")
+                                        "refused pipelined on the system)", min=1)
 
     def check(self, path: str = "optimizer") -> None:
         """Refuse impossible values, naming the keys; fill in the epsilon the optimizer runs with."""
+        check_fields(self, path)
         if self.eps is None:
             self.eps = default_eps(self.optimizer_type, correct_bias=self.correct_bias)
         if self.max_gradient_norm is not None and self.max_gradient_value is not None:
             raise ConfigError(f"{path}: give one of max_gradient_norm and max_gradient_value, not both")
-        if self.grad_accum_steps < 1:
-            raise ConfigError(f"{path}.grad_accum_steps: {self.grad_accum_steps} must be at least 1")
         if not 0 < self.min_loss_scale <= self.initial_loss_scale <= self.max_loss_scale:
             raise ConfigError(f"{path}: need 0 < min_loss_scale <= initial_loss_scale <= max_loss_scale")
         check_learning_rate(self.learning_rate, path)

@@ -15,7 +15,8 @@ Accepted forms of ``learning_rate`` (as in the params YAML, :data:`SCHEDULERS` c
 
 Formulas follow the legacy model zoo's PyTorch schedulers (``modelzoo/common/pytorch/optim/
 lr_scheduler.py``), which follow TensorFlow's; where they differ the docstring says which is
-used. Values are computed in float64.
+used. Values are computed in float64. Every rate, factor and power is a finite number >= 0, and
+every length a whole number of 64 bits (a SpecError naming the key otherwise).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from csrun.program.errors import SpecError
+from csrun.typed_config import FLOAT_LIMIT, INT_LIMITS
 
 Schedule = Callable[[int], float]
 """A learning-rate schedule: global step (>= 0) to learning rate."""
@@ -36,17 +38,29 @@ def _num(params: Mapping[str, Any], key: str, where: str) -> float:
     try:
         if isinstance(value, bool):
             raise TypeError
-        return float(value)
+        number = float(value)
+    except OverflowError:
+        number = math.inf
     except (TypeError, ValueError):
         raise SpecError(f"learning_rate: {where} key {key!r} must be a number, got {value!r}") from None
+    return _rate(number, value, f"{where} key {key!r}")
+
+
+def _rate(number: float, shown: Any, what: str) -> float:
+    """``number`` as a float when it is a finite number >= 0 (every rate, factor and power of a schedule is one)."""
+    if not 0 <= number <= FLOAT_LIMIT:  # NaN fails too
+        raise SpecError(f"learning_rate: {what} must be a finite number >= 0, got {shown!r}")
+    return float(number)
 
 
 def _int(params: Mapping[str, Any], key: str, where: str, *, positive: bool = True) -> int:
     value = params[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
         raise SpecError(f"learning_rate: {where} key {key!r} must be an integer, got {value!r}")
-    if positive and value <= 0:
-        raise SpecError(f"learning_rate: {where} key {key!r} must be > 0, got {value!r}")
+    least = 1 if positive else 0
+    if not least <= value <= INT_LIMITS[1]:
+        raise SpecError(f"learning_rate: {where} key {key!r} must be a whole number from {least} to {INT_LIMITS[1]}, "
+                        f"got {value!r}")
     return int(value)
 
 
@@ -341,8 +355,8 @@ def _one(entry: Mapping[str, Any]) -> tuple[Schedule, int | None]:
                 f"learning_rate: {w} needs one more value than boundaries "
                 f"(got {len(values)} values, {len(bounds)} boundaries)"
             )
-        vals = tuple(_num({"v": v}, "v", w) for v in values)
-        bnds = tuple(_int({"b": b}, "b", w, positive=False) for b in bounds)
+        vals = tuple(_num({"values": v}, "values", w) for v in values)
+        bnds = tuple(_int({"boundaries": b}, "boundaries", w, positive=False) for b in bounds)
         if list(bnds) != sorted(set(bnds)):
             raise SpecError(f"learning_rate: {w} boundaries must be strictly increasing, got {list(bnds)}")
         sched = PiecewiseConstant(values=vals, boundaries=bnds)
@@ -360,20 +374,20 @@ def _one(entry: Mapping[str, Any]) -> tuple[Schedule, int | None]:
             initial_learning_rate=_num(p, "initial_learning_rate", w),
             decay_steps=_int(p, "decay_steps", w),
             decay_rate=_num(p, "decay_rate", w),
-            step_exponent=_num({"e": p.get("step_exponent", 1.0)}, "e", w),
+            step_exponent=_num({"step_exponent": p.get("step_exponent", 1.0)}, "step_exponent", w),
             staircase=_bool(p, "staircase", w, False),
         )
     elif name == "cosinedecay":
         sched = CosineDecay(
             initial_learning_rate=_num(p, "initial_learning_rate", w),
-            end_learning_rate=_num({"e": p.get("end_learning_rate", 0.0)}, "e", w),
+            end_learning_rate=_num({"end_learning_rate": p.get("end_learning_rate", 0.0)}, "end_learning_rate", w),
             decay_steps=_int(p, "decay_steps", w),
         )
     elif name == "cosineannealing":
         sched = CosineAnnealing(
             initial_learning_rate=_num(p, "learning_rate", w),
             t_max=_int(p, "t_max", w),
-            eta_min=_num({"e": p.get("eta_min", 0.0)}, "e", w),
+            eta_min=_num({"eta_min": p.get("eta_min", 0.0)}, "eta_min", w),
         )
     elif name == "chained":
         children = p["schedulers"]
@@ -393,7 +407,7 @@ def _one(entry: Mapping[str, Any]) -> tuple[Schedule, int | None]:
         ms = p["milestones"]
         if not isinstance(ms, (list, tuple)):
             raise SpecError(f"learning_rate: {w} milestones must be a list of integers")
-        milestones = tuple(_int({"m": m}, "m", w, positive=False) for m in ms)
+        milestones = tuple(_int({"milestones": m}, "milestones", w, positive=False) for m in ms)
         if list(milestones) != sorted(milestones):
             raise SpecError(f"learning_rate: {w} milestones must be increasing, got {list(milestones)}")
         sched = MultiStep(initial_learning_rate=_num(p, "learning_rate", w), gamma=_num(p, "gamma", w), milestones=milestones)
@@ -406,12 +420,13 @@ def build_schedule(learning_rate: Any) -> Schedule:
     if isinstance(learning_rate, bool):
         raise SpecError(f"learning_rate must be a number, a scheduler mapping or a list of them, got {learning_rate!r}")
     if isinstance(learning_rate, (int, float)):
-        return Constant(learning_rate=float(learning_rate))
+        return Constant(learning_rate=_rate(learning_rate, learning_rate, "a constant"))
     if isinstance(learning_rate, str):
         try:
-            return Constant(learning_rate=float(learning_rate))
+            number = float(learning_rate)
         except ValueError:
             raise SpecError(f"learning_rate: {learning_rate!r} is not a number") from None
+        return Constant(learning_rate=_rate(number, learning_rate, "a constant"))
     if isinstance(learning_rate, Mapping):
         return _one(learning_rate)[0]
     if isinstance(learning_rate, (list, tuple)):

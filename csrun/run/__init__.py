@@ -132,7 +132,8 @@ What a run leaves in ``model_dir`` (chief only):
 Messages: "Training Completed Successfully!", "Avg Eval. Loss = X" and one "Eval. <metric> = X"
 line per metric, "NaN loss detected." / "inf loss detected." (exit 1). Exit status: 0 done;
 2 a params/flag error (one line ``run.py: error: ...``, no traceback); 1 a compile, checkpoint
-or run error; 143 / 138 stopped by SIGTERM / SIGUSR1 after a checkpoint (:mod:`csrun.run.preemption`);
+or run error; 143 / 138 stopped by SIGTERM / SIGUSR1 after a checkpoint (:mod:`csrun.run.preemption`;
+SIGTERM outside training stops at once, saving nothing);
 130 Ctrl-C (in training: after a checkpoint at the next step; a second Ctrl-C, or one outside
 training, stops at once).
 
@@ -140,7 +141,8 @@ Modules: :mod:`~csrun.run.cli_args` (flags, overrides, path), :mod:`~csrun.run.p
 schema), :mod:`~csrun.run.runner` (orchestration), :mod:`~csrun.run.loops` (train/eval),
 :mod:`~csrun.run.checkpoints`, :mod:`~csrun.run.summaries`, :mod:`~csrun.run.performance`,
 :mod:`~csrun.run.progress`, :mod:`~csrun.run.preemption`, :mod:`~csrun.run.inputs` (eval padding,
-HDF5 input functions).
+HDF5 input functions), :mod:`~csrun.run.model_size` (a model's size from its config, checked before
+it is built).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from csrun.help_style import Parser
 from csrun.driver import run_path
 from csrun.driver.run_path import EMBEDDED, RunFlags
 from csrun.program.execution import EXECUTION_STRATEGIES, EXECUTION_STRATEGY_ENV, PIPELINE, WEIGHT_STREAMING
+from csrun.run.model_size import check_model_size
 from csrun.run.params import (
     InputConfig,
     ModelConfig,
@@ -129,6 +130,8 @@ def parse_args(argv: list[str] | None, *, prog: str = "run.py", environ: Mapping
     if from_env:
         args.cs_ip = cluster_info(environ).cs_ip or None
     try:
+        if not from_env and not args.cs_ip.strip():  # given, and empty: not the same as not given
+            parse_address(args.cs_ip)
         args.cs_ip = normalize_cs_ip(args.cs_ip)
     except AddressError as exc:
         parser.error(f"{'CS_IP' if from_env else 'argument -cs/--cs_ip'}: {exc}")
@@ -162,14 +165,17 @@ def apply_overrides(data: dict[str, Any], args: argparse.Namespace, *, default_m
 
 
 def load_params(args: argparse.Namespace, *, model_config: type[ModelConfig] = ModelConfig,
-                input_config: type[InputConfig] = InputConfig, default_model_dir: str | None = None) -> Params:
-    """Read ``--params`` (``--config``), apply the flags, type and check everything."""
+                input_config: type[InputConfig] = InputConfig, default_model_dir: str | None = None,
+                meta: bool = False) -> Params:
+    """Read ``--params`` (``--config``), apply the flags, type and check everything, the model's size
+    included (:func:`~csrun.run.model_size.check_model_size`; ``meta``: it is built with shapes only)."""
     data = read_yaml(Path(args.params), args.config)
     data = apply_overrides(data, args, default_model_dir=default_model_dir)
     try:
         params = params_from_dict(data, model_config=model_config, input_config=input_config)
     except ConfigError as exc:
         raise _as_flag_error(exc, args) from None
+    check_model_size(params.model, meta=meta)
     params.extra_args = dict(getattr(args, "extra_args", {}) or {})
     return params
 

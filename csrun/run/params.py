@@ -39,8 +39,10 @@ __all__ = ["CSConfig", "ConfigError", "InputConfig", "ModelConfig", "OptimizerCo
 
 
 doc = setting
-"""A params field: its default, its meaning (shown in error messages) and optional bounds
+"""A params field: its default, its meaning (shown in error messages) and its valid range
 (:func:`csrun.typed_config.setting`; ``required`` is the one without a default)."""
+MAX_QUEUE_DEPTH = 64
+"""The most steps ``csconfig.queue_depth`` lets the chief run ahead (each holds its batch and outputs)."""
 
 
 @dataclass(kw_only=True)
@@ -60,7 +62,7 @@ class RunConfig:
     save_losses: bool = doc(False, "write every step's loss to model_dir/losses/")
     save_initial_checkpoint: bool = doc(False, "save checkpoint_0.mdl before the first step")
     check_loss_values: bool = doc(True, "stop with 'NaN loss detected.' / 'inf loss detected.'")
-    seed: int | None = doc(None, "seed for torch, numpy and Python's random")
+    seed: int | None = doc(None, "seed for torch, numpy and Python's random", min=0)
     eval_steps: int | None = doc(None, "eval batches to run (default: one pass over the eval data)", min=1)
     verify_steps: int | None = doc(None, "steps of each program the device checks against eager PyTorch "
                                    "(default: $CSRUN_VERIFY_STEPS, else 1; 0: off)", min=0)
@@ -107,13 +109,18 @@ class ModelConfig:
     mixed_precision: bool = required("fp32 weights with float16 compute (cbfloat16 with csconfig.use_cbfloat16); "
                                      "false: float32 compute (exactness checks)")
 
+    def parameter_count(self) -> int | None:
+        """The parameters the model makes, from its keys alone (nothing is built); None when this
+        config does not know its architecture (:mod:`csrun.run.model_size` checks it)."""
+        return None
+
 
 @dataclass(kw_only=True)
 class CSConfig:
     """``csconfig``: settings of the system."""
 
     use_cbfloat16: bool = doc(False, "compute in cbfloat16 (6-bit exponent, 9-bit mantissa)")
-    queue_depth: int = doc(2, "steps the chief may run ahead of the device")
+    queue_depth: int = doc(2, "steps the chief may run ahead of the device", min=1, max=MAX_QUEUE_DEPTH)
 
 
 @dataclass(kw_only=True)

@@ -16,8 +16,12 @@ not requeued, not counted as a fruitless preemption); a second, while that is pe
 Python's KeyboardInterrupt (stop at once, exit 130, nothing more saved). The same SIGINT twice
 within :data:`SAME_CTRL_C_S` counts once (a terminal signals the launcher's whole group, and a
 launcher passes its copy on). Outside the training loop (setup, a compile, eval) Ctrl-C stops at
-once. ``csrun_wse`` turns its own Ctrl-C (and SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) into the
-preemption signal for the step (:class:`csrun.launch.supervisor.Stop`), so the tasks see the same meaning there.
+once. So does SIGTERM (unless it is the preemption signal, ``CSRUN_PREEMPT_SIGNAL=TERM``): there
+is no step to checkpoint at, and a build or compile that runs on (a model too big to build, a
+compile of minutes) must not outlive a ``scancel`` or a time limit; the run ends with one line,
+exit 143 (:class:`Terminated`). ``csrun_wse`` turns its own Ctrl-C (and SIGTERM, SIGHUP, SIGUSR1,
+SIGUSR2) into the preemption signal for the step (:class:`csrun.launch.supervisor.Stop`), so the
+tasks see the same meaning there.
 
 A run that stopped so says beforehand that its exit code is a planned stop
 (:func:`announce_stop`, :func:`csrun.task_exits.planned_stop`): under csrun_wse the job then
@@ -29,8 +33,8 @@ Requeues that gain nothing: :func:`account_preemption` counts, in ``model_dir``'
 limit too short for the compile and one checkpoint interval would otherwise requeue forever).
 At ``CSRUN_MAX_IDLE_REQUEUES`` (default 3) the run stops asking to be requeued: one line, exit
 1, which neither launcher requeues. A run that gains a step, or completes, clears the count.
-A signal that arrives before the first step (during setup) stops the run there, without a
-checkpoint, as a preemption that gained no step.
+The preemption signal arriving before the first step (during setup) stops the run there, without
+a checkpoint, as a preemption that gained no step.
 
 Asking to be requeued: the batch script of ``csrun_wse --use-sbatch`` sets
 ``CSRUN_REQUEUE_FILE``; a run that stopped for a preemption (and is under the cap) writes its
@@ -89,6 +93,19 @@ class Preempted(Exception):
         return 128 + self.signum
 
 
+class Terminated(SystemExit):
+    """SIGTERM outside a training loop (setup, a model's build, a compile, eval): the run stops at
+    once, saving nothing, exit 143 (``128 + SIGTERM``). A :class:`SystemExit`, so that no
+    ``except Exception`` on the way (a library's, a user's) turns it into another error; the
+    line saying why is printed as it is raised."""
+
+    def __init__(self) -> None:
+        prog = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "run.py"
+        print(f"{prog}: stopped by SIGTERM outside the training loop (setup, compile or eval): nothing saved; "
+              f"continue with --resume", file=sys.stderr, flush=True)
+        super().__init__(128 + signal.SIGTERM)
+
+
 class Preemption:
     """Signal flag for the chief (use as a context manager around the training loop)."""
 
@@ -101,6 +118,8 @@ class Preemption:
         self._old: dict[int, object] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM and not self.stops_at_steps and signum != preemption_signal():
+            raise Terminated()  # no step to stop at: a build, a compile or an eval that must not run on
         if signum == signal.SIGINT:
             now = time.monotonic()
             if self._interrupted_at and now - self._interrupted_at < SAME_CTRL_C_S:

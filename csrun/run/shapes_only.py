@@ -71,7 +71,7 @@ def compile_shapes_only(argv: list[str], *, model_fn: Any, model_config: type, i
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        params = cli_args.load_params(args, model_config=model_config, input_config=input_config)
+        params = cli_args.load_params(args, model_config=model_config, input_config=input_config, meta=True)
         rc = params.runconfig
         if not (rc.compile_only or rc.validate_only):
             raise ShapesOnlyNeedsCompile(f"{FLAG}: meta tensors have no values to train on",

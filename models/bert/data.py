@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from csrun.data import HDF5InputConfig
+from csrun.data.formats import MAX_SEQ_LENGTH
 from csrun.run.inputs import hdf5_input_fns, with_data_dir
 from csrun.run.params import doc
 from csrun.typed_config import ConfigError
@@ -41,8 +42,10 @@ class BertInputConfig(HDF5InputConfig):
     """``train_input`` / ``eval_input`` for BERT pretraining on HDF5 data."""
 
     data_processor: Literal["BertHDF5DataProcessor"] = doc("BertHDF5DataProcessor", "reads cs_convert_hdf5 mlm_nsp data")
-    max_sequence_length: int = doc(128, "tokens per sample; must equal the data's max_seq_length", min=5)
-    max_predictions_per_seq: int = doc(20, "masked positions per sample; must equal the data's")
+    max_sequence_length: int = doc(128, "tokens per sample; must equal the data's max_seq_length", min=5,
+                                   max=MAX_SEQ_LENGTH)
+    max_predictions_per_seq: int = doc(20, "masked positions per sample; must equal the data's", min=1,
+                                       max=MAX_SEQ_LENGTH)
 
     def check(self, path: str) -> None:
         """Refuse impossible values, naming the keys under ``path``."""

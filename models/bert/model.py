@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from csrun.run.model_size import MAX_LAYERS, linear_parameters, transformer_layer_parameters
 from csrun.run.params import ModelConfig, doc
-from csrun.typed_config import ConfigError
+from csrun.typed_config import ConfigError, check_fields
 
 Nonlinearity = Literal["gelu", "relu", "silu", "gelu_new", "tanh"]
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -41,9 +42,9 @@ MASK_VALUE = -10000.0
 class BertConfig(ModelConfig):
     """``model`` for BERT pretraining (legacy model-zoo names)."""
 
-    vocab_size: int = doc(30522, "tokens in the vocabulary (at least the data's vocab_size)", min=1)
+    vocab_size: int = doc(30522, "tokens in the vocabulary (at least the data's vocab_size)", min=1, max=2**31 - 1)
     hidden_size: int = doc(768, "width of the embeddings and encoder", min=1)
-    num_hidden_layers: int = doc(12, "encoder layers", min=1)
+    num_hidden_layers: int = doc(12, "encoder layers", min=1, max=MAX_LAYERS)
     num_heads: int = doc(12, "attention heads (must divide hidden_size)", min=1)
     filter_size: int = doc(3072, "width of the feed-forward network", min=1)
     encoder_nonlinearity: Nonlinearity = doc("gelu", "activation of the feed-forward network")
@@ -52,26 +53,28 @@ class BertConfig(ModelConfig):
     dropout_rate: float = doc(0.1, "dropout on embeddings, attention output and feed-forward output", min=0, below=1)
     attention_dropout_rate: float = doc(0.1, "dropout on the attention probabilities", min=0, below=1)
     max_position_embeddings: int = doc(512, "learned positions (at least the sequence length)", min=1)
-    num_segments: int = doc(2, "token types (sentence A / B)")
+    num_segments: int = doc(2, "token types (sentence A / B)", min=1)
     layer_norm_epsilon: float = doc(1e-12, "LayerNorm epsilon", above=0)
     initializer_range: float = doc(0.02, "standard deviation of the normal weight init", above=0)
     share_embedding_weights: bool = doc(True, "tie the MLM output projection to the word embeddings")
     disable_nsp: bool = doc(False, "MLM only: no NSP head and no NSP loss")
-    mlm_loss_weight: float = doc(1.0, "factor on the MLM term of the loss")
+    mlm_loss_weight: float = doc(1.0, "factor on the MLM term of the loss", above=0)
     mlm_loss_scaling: Literal["num_masked", "batch_size"] = doc(
         "num_masked", "divide the summed MLM loss by the masked tokens in the batch, or by batch_size "
         "(the legacy form, with mlm_loss_weight about 1 / masked tokens per sequence)")
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "filter_size",
-                     "max_position_embeddings", "num_segments"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name}: {getattr(self, name)} must be at least 1")
+        check_fields(self, "model")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"model.num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
-        for name in ("dropout_rate", "attention_dropout_rate"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"model.{name}: {getattr(self, name)} must be in [0, 1)")
+
+    def parameter_count(self) -> int:
+        """Embeddings, encoder layers, MLM head (its projection tied or not) and the NSP head, from the keys alone."""
+        h, v = self.hidden_size, self.vocab_size
+        count = (v + self.max_position_embeddings + self.num_segments) * h + 2 * h
+        count += self.num_hidden_layers * transformer_layer_parameters(h, self.filter_size)
+        count += linear_parameters(h, h) + 2 * h + linear_parameters(h, v) - (v * h if self.share_embedding_weights else 0)
+        return count + (0 if self.disable_nsp else linear_parameters(h, h) + linear_parameters(h, 2))
 
 
 class SelfAttention(nn.Module):

@@ -15,10 +15,14 @@ from typing import Literal
 import torch
 from torch import nn
 
+from csrun.run.model_size import MAX_LAYERS, linear_parameters
 from csrun.run.params import InputConfig, ModelConfig, doc
 
 PAD_LABEL = -1
 """A padding sample's label (models/fc_mnist/data.py): not scored."""
+
+MAX_SYNTHETIC_SAMPLES = 1 << 22
+"""The most synthetic samples (1 GiB of 8x8 float32 images, made in memory)."""
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
@@ -27,7 +31,7 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "ta
 class FcMnistConfig(ModelConfig):
     """``model`` for fc_mnist."""
 
-    depth: int = doc(10, "hidden layers", min=1)
+    depth: int = doc(10, "hidden layers", min=1, max=MAX_LAYERS)
     hidden_size: int = doc(50, "units per hidden layer", min=1)
     dropout: float = doc(0.0, "dropout after every hidden layer", min=0, below=1)
     activation_fn: Literal["relu", "gelu", "tanh", "sigmoid"] = doc("relu", "activation of the hidden layers")
@@ -37,13 +41,19 @@ class FcMnistConfig(ModelConfig):
                                              "stack trains with SGD lr 0.001) or 'torch' (nn.Linear's default, "
                                              "which barely trains at depth 10 on the 8x8 digits)")
 
+    def parameter_count(self) -> int:
+        """depth hidden layers and the output layer, from the keys alone."""
+        hidden = linear_parameters(self.input_size, self.hidden_size)
+        hidden += (self.depth - 1) * linear_parameters(self.hidden_size, self.hidden_size)
+        return hidden + linear_parameters(self.hidden_size, self.num_classes)
+
 
 @dataclass(kw_only=True)
 class FcMnistInputConfig(InputConfig):
     """``train_input`` / ``eval_input`` for fc_mnist."""
 
     data_source: Literal["digits", "synthetic"] = doc("digits", "the bundled handwritten digits, or seeded random data")
-    synthetic_samples: int = doc(4096, "samples in the synthetic data set")
+    synthetic_samples: int = doc(4096, "samples in the synthetic data set", min=1, max=MAX_SYNTHETIC_SAMPLES)
 
 
 def eval_metrics(means: dict[str, float]) -> dict[str, float]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from csrun.data import HDF5InputConfig
+from csrun.data.formats import MAX_SEQ_LENGTH
 from csrun.run.inputs import hdf5_input_fns, with_data_dir
 from csrun.run.params import doc
 from csrun.typed_config import ConfigError
@@ -37,7 +38,8 @@ class GptInputConfig(HDF5InputConfig):
     """``train_input`` / ``eval_input`` for GPT-2 on HDF5 data."""
 
     data_processor: Literal["GptHDF5DataProcessor"] = doc("GptHDF5DataProcessor", "reads cs_convert_hdf5 causal_lm data")
-    max_sequence_length: int = doc(1024, "tokens per sample; must equal the data's max_seq_length", min=2)
+    max_sequence_length: int = doc(1024, "tokens per sample; must equal the data's max_seq_length", min=2,
+                                   max=MAX_SEQ_LENGTH)
 
     def check(self, path: str) -> None:
         """Refuse impossible values, naming the keys under ``path``."""

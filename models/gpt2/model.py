@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from csrun.run.model_size import MAX_LAYERS, linear_parameters, transformer_layer_parameters
 from csrun.run.params import ModelConfig, doc
-from csrun.typed_config import ConfigError
+from csrun.typed_config import ConfigError, check_fields
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": nn.GELU, "gelu_new": lambda: nn.GELU(approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU,
@@ -38,16 +39,17 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 class Gpt2Config(ModelConfig):
     """``model`` for GPT-2 (legacy model-zoo names; GPT-2 small by default)."""
 
-    vocab_size: int = doc(50257, "tokens in the vocabulary (at least the data's vocab_size)", min=1)
+    vocab_size: int = doc(50257, "tokens in the vocabulary (at least the data's vocab_size)", min=1, max=2**31 - 1)
     hidden_size: int = doc(768, "width of the embeddings and decoder", min=1)
-    num_hidden_layers: int = doc(12, "decoder blocks", min=1)
+    num_hidden_layers: int = doc(12, "decoder blocks", min=1, max=MAX_LAYERS)
     num_heads: int = doc(12, "attention heads (must divide hidden_size)", min=1)
     filter_size: int = doc(3072, "width of the feed-forward network", min=1)
     nonlinearity: Literal["gelu", "gelu_new", "relu", "silu"] = doc("gelu", "activation of the feed-forward network")
     max_position_embeddings: int = doc(1024, "learned positions, GPT-2's n_positions (at least the sequence length)", min=1)
     position_embedding_type: Literal["learned"] = doc("learned", "learned absolute positions (the only kind here)")
     dropout_rate: float = doc(0.1, "dropout on residual branches", min=0, below=1)
-    embedding_dropout_rate: float | None = doc(None, "dropout after the embeddings (default: dropout_rate)")
+    embedding_dropout_rate: float | None = doc(None, "dropout after the embeddings (default: dropout_rate)", min=0,
+                                               below=1)
     attention_dropout_rate: float = doc(0.1, "dropout on the attention probabilities", min=0, below=1)
     layer_norm_epsilon: float = doc(1e-5, "LayerNorm epsilon", above=0)
     initializer_range: float = doc(0.02, "standard deviation of the normal weight init", above=0)
@@ -55,19 +57,20 @@ class Gpt2Config(ModelConfig):
     use_bias_in_output: bool = doc(False, "a bias on the LM head")
     loss_scaling: Literal["num_tokens", "batch_size"] = doc(
         "num_tokens", "divide the summed token loss by the real tokens in the batch, or by batch_size")
-    loss_weight: float = doc(1.0, "factor on the loss")
+    loss_weight: float = doc(1.0, "factor on the loss", above=0)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "filter_size",
-                     "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name}: {getattr(self, name)} must be at least 1")
+        check_fields(self, "model")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"model.num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
-        for name in ("dropout_rate", "attention_dropout_rate", "embedding_dropout_rate"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ConfigError(f"model.{name}: {value} must be in [0, 1)")
+
+    def parameter_count(self) -> int:
+        """Embeddings, blocks, final LayerNorm and an untied head, from the keys alone."""
+        h, v = self.hidden_size, self.vocab_size
+        count = (v + self.max_position_embeddings) * h + 2 * h
+        count += self.num_hidden_layers * transformer_layer_parameters(h, self.filter_size)
+        head = linear_parameters(h, v, bias=self.use_bias_in_output)
+        return count + (head - v * h if self.share_embedding_weights else head)
 
 
 class CausalSelfAttention(nn.Module):

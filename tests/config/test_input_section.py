@@ -54,9 +54,12 @@ def test_a_good_section_reads_the_same_both_ways() -> None:
 @pytest.mark.parametrize("change, message", [
     ({"bacth_size": 4}, r"^train_input\.bacth_size: unknown key\. Did you mean 'batch_size'\?\nvalid keys:\n  data_dir "),
     ({"batch_size": "four"}, r"^train_input\.batch_size: 'four' must be a whole number$"),
-    ({"batch_size": 0}, r"^train_input\.batch_size: 0 must be at least 1$"),
+    ({"batch_size": 0}, r"^train_input\.batch_size: 0 must be at least 1 \(valid: at least 1 and at most 1099511627776\)$"),
     ({"shuffle_seed": None}, r"^train_input\.shuffle_seed: None must be a whole number$"),
-    ({"max_sequence_length": 0}, r"^train_input\.max_sequence_length: 0 must be at least 1$"),
+    ({"max_sequence_length": 0}, r"^train_input\.max_sequence_length: 0 must be at least 1 \(valid: at least 1 and at most "
+                                 r"1048576\)$"),
+    ({"shuffle_seed": -1e308}, r"^train_input\.shuffle_seed: -1e\+308 must be at least 0$"),
+    ({"num_workers": 10**6}, r"^train_input\.num_workers: 1000000 must be at most 128 \(valid: at least 0 and at most 128\)$"),
     ({"data_processor": "Foo"}, r"^train_input\.data_processor: 'Foo' is not one of"),
     ({"int_dtype": "int8"}, r"^train_input\.int_dtype: 'int8' is not one of 'int64', 'stored'$"),
     ({"prefetch_factor": 2}, r"^train_input\.prefetch_factor: needs num_workers > 0"),

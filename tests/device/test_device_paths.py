@@ -87,5 +87,5 @@ def test_a_bad_connect_timeout_is_one_line_naming_it(monkeypatch: pytest.MonkeyP
     from csrun.errors import UserError
 
     monkeypatch.setenv("CSRUN_CONNECT_TIMEOUT", value)
-    with pytest.raises(UserError, match=rf"^CSRUN_CONNECT_TIMEOUT: '{value}' (is not a number|must be greater than 0|must be a finite number) \(seconds the chief keeps trying"):
+    with pytest.raises(UserError, match=rf"^CSRUN_CONNECT_TIMEOUT: '{value}' (is not a number|must be greater than 0|must be a finite number)( \(valid: [^)]*\))? \(seconds the chief keeps trying"):
         connect_timeout()

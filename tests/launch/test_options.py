@@ -18,6 +18,8 @@ def all_spellings(name: str) -> list[str]:
 def test_every_wse_option_in_every_spelling(field: dataclasses.Field) -> None:
     value = {"int | None": ("3", 3), "int": ("1", 1), "bool": ("False", False), "str": ("x", "x"), "tuple[str, ...]": ("/a,/b", ("/a", "/b"))}
     raw, expected = value[str(field.type)]
+    if field.name == "time":
+        raw, expected = "1-00:30", "1-00:30"
     if field.metadata.get("optional"):
         raw, expected = "cuda:1", "cuda:1"
     if field.metadata["flag"]:
@@ -36,7 +38,7 @@ def test_every_cpu_option_parses(field: dataclasses.Field) -> None:
         parsed = parse_args(all_spellings(field.name)[1:] + ["cmd"], CpuOptions, "csrun_cpu")
         assert getattr(parsed.options, field.name) is True
     else:
-        raw = {"bool": "false", "str": "v", "tuple[str, ...]": "/d"}[str(field.type)]
+        raw = {"bool": "false", "str": "v", "tuple[str, ...]": "/d"}[str(field.type)] if field.name != "time" else "30"
         parsed = parse_args([all_spellings(field.name)[1], raw, "cmd"], CpuOptions, "csrun_cpu")
         assert getattr(parsed.options, field.name) not in (field.default,)
     assert parsed.command == ["cmd"]

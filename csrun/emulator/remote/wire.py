@@ -9,7 +9,8 @@ Frame layout (all integers big-endian)::
 
 ``header["tensors"]`` lists ``{"dtype": name, "shape": [..]}``; each buffer's length is computed
 from dtype and shape (never trusted from the sender) and checked against the limits before
-anything is read. Buffers become tensors with ``torch.frombuffer``; nothing is ever unpickled.
+anything is read; an empty tensor (0 bytes) whose strides torch cannot hold (the product of its
+other dimensions beyond 64 bits: ``[0, 2^40-1, 2^40-1]``) is refused too. Buffers become tensors with ``torch.frombuffer``; nothing is ever unpickled.
 
 Structured values (a batch, a state dict) travel as JSON with tensors replaced by
 ``{"$t": index}``; tuples as ``{"$tuple": [...]}``; mappings with non-string keys as
@@ -45,6 +46,8 @@ DTYPES: dict[str, torch.dtype] = {
 }
 """The tensor dtypes the wire carries."""
 _NAMES = {v: k for k, v in DTYPES.items()}
+_STRIDE_LIMIT = 2**63 - 1
+"""The largest product of a shape's dimensions (zeros taken as ones) whose strides torch can hold."""
 MAX_DEPTH = 32
 """Deepest nesting of a structured value."""
 
@@ -179,6 +182,8 @@ def recv_frame(sock: Link, limits: Limits, *, max_tensor_bytes: int | None = Non
         nbytes = math.prod(shape) * itemsize
         if nbytes > per_tensor:
             raise ProtocolError(f"tensor of {nbytes} bytes is over the limit of {per_tensor}")
+        if math.prod(max(d, 1) for d in shape) > _STRIDE_LIMIT:  # empty, but torch cannot hold its strides
+            raise ProtocolError(f"empty tensor of shape {shape!r}: its strides do not fit in 64 bits")
         total += nbytes
         if total > frame_limit:
             raise ProtocolError(f"frame buffers total over the limit of {frame_limit} bytes")
