@@ -1,5 +1,7 @@
 """The cs_emulator queue (issue 33 item 10): jobs that find the system busy wait in a bounded FIFO
-queue, are told their position (one line per change), and are admitted in turn.
+queue, are told their position, the jobs ahead and when their turn is expected (one line per
+change), and are admitted in turn; a job waits its own limit, else the system's allowance for each
+job before it (issue 45 item 7).
 
 Each test runs its own server on a free loopback port; timeouts are small values set here.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import threading
 import time
@@ -57,19 +60,26 @@ def train(dev: RemoteDevice, program: tuple) -> list[float]:
 
 class Job(threading.Thread):
     """A job on a thread of its own (named ``job-<name>``, so its log lines can be told apart):
-    connects (queueing if need be), trains, records the order of admission and its losses."""
+    connects (queueing if need be), trains, holds the system ``hold`` seconds more, records the
+    order of admission, its losses and how long it waited for the system."""
 
-    def __init__(self, srv: EmulatorServer, name: str, program: tuple, admitted: list[str], **kw: Any) -> None:
+    def __init__(self, srv: EmulatorServer, name: str, program: tuple, admitted: list[str], *, hold: float = 0.0,
+                 **kw: Any) -> None:
         super().__init__(name=f"job-{name}", daemon=True)
         self.srv, self.job, self.program, self.admitted, self.kw = srv, name, program, admitted, kw
+        self.hold = hold
         self.losses: list[float] | None = None
         self.error: BaseException | None = None
+        self.waited: float | None = None
 
     def run(self) -> None:
         try:
+            asked = time.monotonic()
             with RemoteDevice(addr(self.srv), TOKEN, self.job, connect_timeout=10, **self.kw) as dev:
+                self.waited = time.monotonic() - asked
                 self.admitted.append(self.job)
                 self.losses = train(dev, self.program)
+                time.sleep(self.hold)  # the job's own length (its keep-alives hold the system)
         except BaseException as exc:  # noqa: BLE001 - the test looks at it
             self.error = exc
 
@@ -110,11 +120,71 @@ def test_queued_jobs_get_their_positions_and_are_admitted_in_order(program: tupl
         assert srv.queued == []
     assert admitted == ["B", "C"]
     where = addr(srv)
-    assert said(caplog, "B") == [f"cs_emulator at {where} is busy with job A; queued at position 1"]
-    assert said(caplog, "C") == [f"cs_emulator at {where} is busy with job A; queued at position 2",
-                                 f"cs_emulator at {where} is busy with job B; queued at position 1"]
+    unknown = "expected wait unknown (no job has finished on this system yet)"
+    own = "this job waits up to 60 s (CSRUN_QUEUE_TIMEOUT)"
+    assert said(caplog, "B") == [f"cs_emulator at {where} is busy with job A; queued at position 1; {unknown}; {own}"]
+    first, second = said(caplog, "C")
+    assert first == (f"cs_emulator at {where} is busy with job A; queued at position 2, after 1 queued job (B); "
+                     f"{unknown}; {own}")
+    assert re.fullmatch(rf"cs_emulator at {where} is busy with job B; queued at position 1; expected wait [0-9.]+ s "
+                        rf"\(a job here takes [0-9.]+ s\); {re.escape(own)}", second), second  # A finished: timed
     # each job trained for real, on a fresh device: the same losses as the holder's
     assert jobs["B"].losses == losses_a and jobs["C"].losses == losses_a
+
+
+def test_a_queue_longer_than_the_allowance_per_job_is_waited_through(program: tuple, caplog: pytest.LogCaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that sets no limit of its own waits ``--wait-per-job`` for each job before it, from joining:
+    four jobs queue behind a holder, each holding the system 1 s of an allowance of 3 s, so the last
+    waits 4 s or more in all, past the allowance (a limit of that many seconds counted from joining,
+    as ``CSRUN_QUEUE_TIMEOUT``'s 600 s was, would have given up on it), and every job trains."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.delenv("CSRUN_QUEUE_TIMEOUT", raising=False)
+    admitted: list[str] = []
+    with serve(wait_per_job=3.0) as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10) as holder:
+            train(holder, program)
+            jobs = [Job(srv, name, program, admitted, hold=1.0) for name in "BCDE"]
+            for job in jobs:
+                job.start()
+                wait_until(lambda: job.job in srv.queued)
+            time.sleep(1.0)  # the holder's own length, as each job's
+        for job in jobs:
+            job.join(60)
+            assert job.error is None, job.error
+    assert admitted == ["B", "C", "D", "E"]
+    last = jobs[-1]
+    assert last.waited is not None and last.waited > 3.0  # A's second and B, C, D's: over one allowance
+    lines = said(caplog, "E")
+    where = addr(srv)
+    limit = "this job waits up to 12 s (3 s per job before it: cs_emulator --wait-per-job)"  # 4 jobs before it
+    assert lines[0] == (f"cs_emulator at {where} is busy with job A; queued at position 4, after 3 queued jobs "
+                        f"(B, C, D); expected wait unknown (no job has finished on this system yet); {limit}")
+    assert re.fullmatch(rf"cs_emulator at {where} is busy with job B; queued at position 3, after 2 queued jobs "
+                        rf"\(C, D\); expected wait [0-9.]+ s \(a job here takes [0-9.]+ s\); {re.escape(limit)}",
+                        lines[1]), lines[1]
+    assert len(lines) == 4 and lines[3].startswith(f"cs_emulator at {where} is busy with job D; queued at position 1;")
+
+
+def test_the_expected_wait_is_what_is_left_of_the_holders_time_and_a_job_time_for_each_job_ahead(
+        program: tuple) -> None:
+    """Measured from the jobs that finished: after one job held the system 1 s or more, a job
+    queued second behind a new holder expects the rest of that holder's time plus one job's."""
+    with serve() as srv:
+        with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10):
+            time.sleep(1.0)  # A's length
+        wait_until(lambda: srv.busy_with is None)
+        with RemoteDevice(addr(srv), TOKEN, "B", connect_timeout=10):
+            c, first = raw_queued(srv, "C")
+            d, second = raw_queued(srv, "D")
+            assert first["jobs_ahead"] == [] and second["jobs_ahead"] == ["C"]
+            assert first["job_time"] >= 1.0 and second["job_time"] == first["job_time"]  # A's, the one that finished
+            assert 0 <= first["expected_wait"] <= first["job_time"]  # what is left of B's, at A's length
+            # D's: one job's time more, less what B held meanwhile (both rounded to 0.1 s)
+            assert first["job_time"] - 0.1 <= second["expected_wait"] <= first["expected_wait"] + first["job_time"] + 0.1
+            assert first["wait_per_job"] == second["wait_per_job"] == 3600.0  # the default allowance
+            c.close()
+            d.close()
 
 
 def test_a_full_queue_refuses_in_one_line_naming_its_size(program: tuple, caplog: pytest.LogCaptureFixture) -> None:
