@@ -3,8 +3,8 @@
 fc_mnist's run.py through ``csrun_wse --num-csx 2`` (locally: mpiexec runs the chief, the two
 systems and MemoryX, the task wrapper starting ``python -m csrun.emulator.swarm.task`` on those
 three, and the streamers). Checked: the losses of every step and the final checkpoint's weights
-equal one system's at batch N·B to 1e-6 relative; a checkpoint resumed at the same N continues
-bit-identically; a system killed mid-step ends the whole job, named, with nothing left running,
+equal one system's at batch N·B to 1e-6 relative; every checkpoint resumed at the same N (an epoch's
+tail included) continues bit-identically; a system killed mid-step ends the whole job, named, with nothing left running,
 and ``--resume`` continues; what the cluster cannot run is refused in one line (pipelined mode,
 eval, a count that is not the job's).
 """
@@ -26,7 +26,7 @@ import pytest
 import torch
 import yaml
 
-from csrun.mdl import read_mdl
+from csrun.mdl import read_mdl, write_mdl
 from tests.conftest import BIN, REPO, base_env, follow
 
 RUN_PY = REPO / "models" / "fc_mnist" / "run.py"
@@ -107,21 +107,29 @@ def test_two_systems_train_as_one_at_twice_the_batch(tmp_path: Path, no_slurm_en
     assert "(12800 samples" in two.stdout and "(12800 samples" in one.stdout
 
 
-def test_a_checkpoint_resumes_bit_identically_at_the_same_n_past_an_epoch_end(tmp_path: Path,
-                                                                               no_slurm_env: dict[str, str]) -> None:
-    """Batches of 48: an epoch of the digits is 37 of them, 18 steps of 2 and one batch left out, so the
-    checkpoint at 20 is at the stream's batch 37 + 4 = 41, which the resume skips to."""
-    config, whole, parts = params(tmp_path, 48), tmp_path / "whole", tmp_path / "parts"
-    ok(cluster(run_py(config, whole, "--max_steps", "30", "--checkpoint_steps", "20"), no_slurm_env, streamers=1))
-    assert read_mdl(whole / "checkpoint_20.mdl")["data_position"] == 41
-    parts.mkdir()
-    for name in ("checkpoint_20.mdl", "checkpoint_20.mdl.sha256"):  # the run that stopped at 20
-        shutil.copy2(whole / name, parts / name)
-    ok(resumed := cluster(run_py(config, parts, "--max_steps", "30", "--resume", "--checkpoint_steps", "20"),
-                          no_slurm_env, streamers=1))
-    assert "checkpoint_20.mdl" in resumed.stdout + resumed.stderr
-    assert [losses(whole)[s] for s in range(21, 31)] == [losses(parts)[s] for s in range(21, 31)]  # bitwise
-    assert largest_relative(weights(parts / "checkpoint_30.mdl"), weights(whole / "checkpoint_30.mdl")) == 0.0
+def test_every_checkpoint_resumes_bit_identically_at_the_same_n(tmp_path: Path, no_slurm_env: dict[str, str]) -> None:
+    """Batches of 287: an epoch of the digits is 5 of them, 2 steps of 2 systems and one batch left out.
+    A checkpoint every step: at step 1 mid-epoch (data position 2), at step 2 the epoch's tail (position 5,
+    the next epoch's first batch: past the batch left out), at step 3 in the next epoch (5 + 2). Resumed from
+    each, the run trains what the uninterrupted one did, bit for bit; so does step 2's checkpoint recording
+    the batches taken (4), as a loader of unknown epoch length records them (an IterableDataset's, GPT-2's)
+    and as checkpoints written before the tail was skipped did (issue 45 item 1)."""
+    config, whole = params(tmp_path, 287, checkpoint_steps=1), tmp_path / "whole"
+    ok(cluster(run_py(config, whole, "--max_steps", "3"), no_slurm_env, streamers=1))
+    assert [read_mdl(whole / f"checkpoint_{s}.mdl")["data_position"] for s in (1, 2, 3)] == [2, 5, 7]
+    for step, position in ((1, None), (2, None), (2, 4)):
+        parts = tmp_path / f"from_{step}_at_{position}"  # the run that stopped at `step`
+        parts.mkdir()
+        for compiled in whole.glob("cs_*"):  # its compile folder, as that run left it: no compile again
+            shutil.copytree(compiled, parts / compiled.name)
+        state = read_mdl(whole / f"checkpoint_{step}.mdl")
+        if position is not None:
+            state["data_position"] = position
+        write_mdl(parts / f"checkpoint_{step}.mdl", state)
+        ok(resumed := cluster(run_py(config, parts, "--max_steps", "3", "--resume"), no_slurm_env, streamers=1))
+        assert f"checkpoint_{step}.mdl at global step {step}" in resumed.stdout + resumed.stderr
+        assert losses(parts) == {s: losses(whole)[s] for s in range(step + 1, 4)}, (step, position)  # bitwise
+        assert largest_relative(weights(parts / "checkpoint_3.mdl"), weights(whole / "checkpoint_3.mdl")) == 0.0
 
 
 def test_pipelined_mode_is_refused_in_one_line(tmp_path: Path, no_slurm_env: dict[str, str]) -> None:
