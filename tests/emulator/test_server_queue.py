@@ -44,7 +44,7 @@ def serve(*, token: str = TOKEN, tls: Any = None, **guard: Any) -> contextlib.Ab
     return helpers.serve(token=token, tls=tls, **guard)
 
 
-def wait_until(cond: Any, timeout: float = 30) -> None:
+def wait_until(cond: Any, timeout: float = 120) -> None:
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > timeout:
@@ -275,21 +275,21 @@ def test_a_queue_that_does_not_move_wakes_nobody(program: tuple) -> None:
 
 
 def test_a_silent_queued_client_is_dropped_at_the_idle_limit(program: tuple) -> None:
-    with serve(idle_limit=1.0) as srv:
+    with serve(idle_limit=2.0) as srv:
         with RemoteDevice(addr(srv), TOKEN, "A", connect_timeout=10):  # its keep-alives hold the system
             silent, frame = raw_queued(srv, "mute")
-            assert frame["op"] == "queued" and frame["idle_limit"] == 1.0
+            assert frame["op"] == "queued" and frame["idle_limit"] == 2.0
             last = next_frame(silent)
             assert last["op"] == "error" and last["kind"] == "idle"
-            assert "while queued, over this system's idle limit of 1s" in last["message"]
+            assert "while queued, over this system's idle limit of 2s" in last["message"]
             assert srv.queued == []
             silent.close()
             admitted: list[str] = []
             patient = Job(srv, "pinger", program, admitted, queue_timeout=30)
             patient.start()
             wait_until(lambda: srv.queued == ["pinger"])
-            time.sleep(3.0)  # three idle limits: its pings keep its place (1 s: a pause of the test process
-            # of a few hundred ms must not look like silence)
+            time.sleep(5.0)  # two and a half idle limits: its pings keep its place (2 s: a pause of a second
+            # or more on a busy machine must not look like silence)
             assert srv.queued == ["pinger"]
         patient.join(60)
         assert patient.error is None and admitted == ["pinger"]
