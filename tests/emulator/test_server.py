@@ -288,7 +288,7 @@ def test_cli_writes_a_token_serves_and_stops_on_sigterm(tmp_path: Path, program:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as queued:  # told the operator's allowance
                 assert raw_hello(queued, token_file.read_text().strip(), "next-job")["wait_per_job"] == 7.0
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert "stopped" in out
     finally:
