@@ -82,9 +82,9 @@ class EnvSettings:
         60.0, "seconds csrun_wse --emulator waits for the job's emulator to listen", above=0, max=WEEK_S)
     connect_timeout: float = setting(
         10.0, "seconds the chief keeps trying to reach the system at --cs_ip", above=0, max=WEEK_S)
-    queue_timeout: float = setting(
-        600.0, "seconds the chief waits in the queue of a system busy with another job before it gives up "
-               "(0: not at all)", min=0, max=WEEK_S)
+    queue_timeout: float | None = setting(
+        None, "seconds the chief waits in the queue of a system busy with other jobs before it gives up (0: not at "
+              "all; unset: the system's allowance per job before it, cs_emulator --wait-per-job)", min=0, max=WEEK_S)
     emulator_token: str = setting(
         "", "the secret the chief presents to the emulator (csrun_wse --emulator sets one per job); empty: the "
             "token file cs_emulator wrote", secret=True)

@@ -5,19 +5,22 @@ Usage::
     cs_emulator [--listen HOST:PORT] [--device cpu|cuda|cuda:I] [--token-file PATH]
                 [--allow-weak-token] [--tls-cert PATH --tls-key PATH]
                 [--hello-deadline S] [--max-pending N] [--idle-limit S] [--max-queued N]
-                [--queue-depth N] [--max-header-bytes N] [--max-tensors N]
+                [--wait-per-job S] [--queue-depth N] [--max-header-bytes N] [--max-tensors N]
                 [--max-tensor-bytes N] [--max-frame-bytes N] [--max-program-bytes N]
                 [--log-level LEVEL]
 
 A job reaches it with ``run.py --cs_ip HOST:PORT`` (or ``CS_IP``). The server executes the
 job's compiled program (forward, backward, optimizer, LR schedule, loss scaling) with the
 weights resident on ``--device``, for one job at a time: other jobs that connect meanwhile wait
-in a first-come, first-served queue of at most ``--max-queued`` jobs, each told its position
-(the job logs ``cs_emulator at HOST:PORT is busy with job J; queued at position 2``) and given
+in a first-come, first-served queue of at most ``--max-queued`` jobs, each told its position,
+the jobs ahead and when its turn is expected (the job logs ``cs_emulator at HOST:PORT is busy
+with job J; queued at position 2, after 1 queued job (K); expected wait 4.1 min (a job here takes
+2.2 min); this job waits up to 2 h (1 h per job before it: cs_emulator --wait-per-job)``) and given
 the system in turn; a job finding the queue full is told ``system busy: in use by job J since T,
-and its queue is full (...)``. A job waits up to ``CSRUN_QUEUE_TIMEOUT`` seconds (its own
-setting, default 600), then gives up in one line. A job that disconnects frees the system, and
-so does a job that keeps the server waiting longer than ``--idle-limit`` (see below).
+and its queue is full (...)``. A job waits up to its own ``CSRUN_QUEUE_TIMEOUT`` seconds, else
+``--wait-per-job`` for each job before it (the holder included), then gives up in one line. A job
+that disconnects frees the system, and so does a job that keeps the server waiting longer than
+``--idle-limit`` (see below).
 
 Authentication: client and server share a token and each proves it holds it (HMAC-SHA256 over
 fresh nonces from both sides); the token itself never travels. Without TLS, batches, weights and
@@ -63,6 +66,11 @@ Options:
     a job finding the system busy is refused at once). A queued job that disconnects, or sends
     nothing (not even its keep-alives) for ``--idle-limit`` seconds, leaves the queue and the
     jobs behind it move up. Only a job that authenticated is queued.
+``--wait-per-job SECONDS``
+    How long a queued job that sets no ``CSRUN_QUEUE_TIMEOUT`` of its own waits for each job
+    before it, the holder included, counted from joining the queue (default 3600: a queue of
+    real jobs of up to an hour each is waited through; ``0``: until its turn). Each job is told
+    its limit in its queue line.
 ``--queue-depth N``
     Steps the server queues ahead of the one running (default 2).
 ``--max-header-bytes N`` (default 1 MiB), ``--max-tensors N`` (4096 per frame),
@@ -85,7 +93,8 @@ Environment:
     ``--cs_ip`` (for example a DNS name while connecting by IP address).
 ``CSRUN_QUEUE_TIMEOUT``
     Read by clients: seconds a job waits in the queue of a busy system before it gives up with
-    one line naming the job it waited for and its position (default 600; ``0``: not at all).
+    one line naming the job it waited for and its position (``0``: not at all; unset: the
+    server's ``--wait-per-job`` for each job before it).
 ``CSRUN_HALF_EMULATION``
     How programs in float16 / bfloat16 compute: ``rounding`` (the default on CPU: float32
     kernels with the values rounded where a 16-bit datapath rounds, see
@@ -110,6 +119,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import math
 import signal
 import sys
 import threading
@@ -124,6 +134,7 @@ from csrun.emulator.remote.auth_token import (
     server_token,
 )
 from csrun.emulator.remote.guard import GuardLimits
+from csrun.emulator.remote.handshake import DEFAULT_WAIT_PER_JOB
 from csrun.errors import ConfigError, UsageError, UserError
 from csrun.help_style import Parser
 
@@ -150,6 +161,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds the holder may keep the server waiting; 0: none")
     p.add_argument("--max-queued", type=int, default=g.max_queued, metavar="N",
                    help="jobs that may wait while the system is busy; 0: none")
+    p.add_argument("--wait-per-job", type=float, default=DEFAULT_WAIT_PER_JOB, metavar="SECONDS",
+                   help="seconds a queued job without CSRUN_QUEUE_TIMEOUT waits per job before it; 0: no limit")
     p.add_argument("--queue-depth", type=int, default=2, metavar="N", help="steps queued ahead")
     p.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes, metavar="N",
                    help="largest message header a client may send")
@@ -176,6 +189,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--max-queued must be >= 0 (0: no queue), got {args.max_queued}")
     if not args.idle_limit >= 0:
         raise UsageError(f"--idle-limit must be >= 0 seconds (0: no limit), got {args.idle_limit:g}")
+    if not 0 <= args.wait_per_job < math.inf:
+        raise UsageError(f"--wait-per-job must be >= 0 seconds (0: no limit), got {args.wait_per_job:g}")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together: give both to serve TLS, or neither")
 
@@ -222,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         parse_device(args.device)
         try:
             server = EmulatorServer(token=token, host=host, port=port, device=args.device,
-                                    queue_depth=args.queue_depth, limits=limits, connection_limits=guard, tls=tls)
+                                    queue_depth=args.queue_depth, limits=limits, connection_limits=guard, tls=tls,
+                                    wait_per_job=args.wait_per_job)
         except OSError as exc:
             print(f"{PROG}: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
             return 1

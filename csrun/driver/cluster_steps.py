@@ -10,8 +10,11 @@ Refused, each in one line naming the fix: an input the step computed on the host
 batch (each system would need the computation done on its own batch: do it in the model's
 forward); batches of different shapes within a step. An epoch whose last batches do not fill a
 step of N leaves them out (said once), as one system at N·B with ``drop_last`` leaves out the
-samples that do not fill its last batch; the loader's data position counts them, so a resume
-skips exactly the batches the run took.
+samples that do not fill its last batch. A checkpoint taken at the step before them records the
+next epoch's first batch as its data position (:func:`csrun.run.loops.next_step_start`; a loader of
+unknown length records the batches taken, and the resumed run reads the left-out ones and leaves
+them out again), so a run resumed from any checkpoint takes exactly the batches the uninterrupted
+run takes.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class ClusterSteps:
     def gather(self, fetch: Callable[[], Any]) -> list[Any] | None:
         """The step's other N-1 batches from ``fetch``; None when the epoch ends first (its last
         batches are left out, as one system at N·B with ``drop_last`` leaves out the samples that
-        do not fill a batch; the stream's data position still counts them)."""
+        do not fill a batch; the loader's count of batches taken still counts them)."""
         extras: list[Any] = []
         for _ in range(self.num_csx - 1):
             item = fetch()

@@ -9,7 +9,8 @@ written by the runner:
 ``lr_scheduler``   ``{"global_step": N}`` (the schedule is a pure function of the global step)
 ``amp``            loss-scaling state (empty on the CPU path)
 ``global_step``    optimizer steps taken
-``data_position``  global batch index of the next batch (``loader.skip`` on resume)
+``data_position``  global batch index the next step starts at (``loader.skip`` on resume;
+                   :func:`csrun.run.loops.next_step_start`)
 
 A crash mid-save leaves at most a ``.tmp`` file, which is never counted as a checkpoint (the
 next run, holding the model_dir's lock, removes it); the previous checkpoint stays valid. Here: the names, the newest valid one for ``--resume``, and

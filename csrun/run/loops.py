@@ -23,6 +23,18 @@ its last group.
 With ``grad_accum_steps`` k > 1 (CPU only) a step is k batches with the loss divided by k;
 its closure sees the last batch's outputs.
 
+A checkpoint's ``data_position`` is the stream's batch the step after it starts at
+(:func:`next_step_start`), which a resumed run skips to. On a cluster of N systems a step takes N
+consecutive batches and an epoch's last batches that do not fill one are left out
+(:mod:`csrun.driver.cluster_steps`): after the epoch's last full step the next one starts at the next
+epoch's first batch, and that is the position recorded when the loader knows its epoch's length
+(``epoch_batches``). A loader that does not (an IterableDataset, a ``batch_sampler`` that shards
+itself) records the batches taken; resumed there, the run's first pass is the left-out batches
+alone, which the cluster reads and leaves out again: a resumed run's first pass may hold no step
+(any other pass without one is "the train loader produced no batch", exit 2). Either way a resumed
+run takes the batches the uninterrupted run took, from every checkpoint (a checkpoint written
+before positions were recorded this way resumes as one of an unknown length does).
+
 Eval: one Session of one or more passes (``eval_all``: one per checkpoint, its weights
 loaded before the pass); a pass is ``eval_steps`` batches or one epoch of the eval loader.
 ``model(batch)`` under ``torch.no_grad`` (CPU path), one closure per batch reading its
@@ -102,6 +114,8 @@ class TrainSetup:
     ``keep_steps`` are never deleted."""
     keep_steps: tuple[int, ...] = ()
     """Checkpoint steps retention never deletes (the one a run resumed from)."""
+    epoch_batches: int | None = None
+    """Batches of the stream in one epoch, when the loader knows it exactly (the data position's rule)."""
 
 
 @dataclass(kw_only=True)
@@ -136,7 +150,8 @@ class _StepBook:
             return
         state = dict(cbtorch.get_state())
         state["lr_scheduler"] = {"global_step": int(state.get("global_step", step))}
-        state["data_position"] = s.loader.data_position if position is None else position
+        taken = s.loader.data_position if position is None else position
+        state["data_position"] = next_step_start(taken, epoch_batches=s.epoch_batches, batches_per_step=s.num_csx)
         save_checkpoint(s.model_dir, step, state)
         s.last_saved = step
         s.log(MSG_SAVED.format(step))
@@ -207,6 +222,7 @@ def train(s: TrainSetup) -> TrainResult:
     unread: list[tuple[int, Any]] = []  # save_losses rows of the steps since the last closure
     session = cbtorch.Session(s.loader, mode="train")
     t0 = time.perf_counter()
+    first_pass = True
     try:
         with session:
             t0 = time.perf_counter()
@@ -233,8 +249,9 @@ def train(s: TrainSetup) -> TrainResult:
                         unread = []
                     if step >= s.target_step:
                         break
-                if not took_any:
+                if not took_any and not (first_pass and s.start_step):  # resumed in a cluster's left-out batches
                     raise UserError("the train loader produced no batch")
+                first_pass = False
     finally:
         total = time.perf_counter() - t0
         s.progress.close()
@@ -244,6 +261,16 @@ def train(s: TrainSetup) -> TrainResult:
     steps_run = step - s.start_step
     return TrainResult(step=step, stats=session.stats, total_time=total, steps_run=steps_run,
                        samples=steps_run * s.batch_size * s.grad_accum_steps * s.num_csx, final_loss=book.last_loss)
+
+
+def next_step_start(taken: int, *, epoch_batches: int | None, batches_per_step: int) -> int:
+    """The stream's batch the next step starts at after ``taken`` batches: ``taken``, or the next
+    epoch's first batch when fewer than ``batches_per_step`` are left in this epoch of
+    ``epoch_batches`` (None: not known, ``taken`` as it is)."""
+    if not epoch_batches or batches_per_step <= 1:
+        return taken
+    epoch, within = divmod(taken, epoch_batches)
+    return taken if within + batches_per_step <= epoch_batches else (epoch + 1) * epoch_batches
 
 
 def _check_outputs(outputs: Any) -> None:

@@ -301,7 +301,7 @@ def _chief(params: Params, path: cli_args.RunPath, settings: Any, model_dir: Pat
         optimizer = cbtorch.optimizer(_optimizer(params, model, settings)) if mode != "eval" else None
         state, where = _checkpoint_to_load(params, model_dir)
         start = 0
-        data_position: int | None = None  # batches of the stream the checkpoint's run had taken
+        data_position: int | None = None  # the stream's batch the checkpoint's next step starts at
         resumed: tuple[int, ...] = ()  # the step of the checkpoint loaded: retention never deletes it
         if state is not None:
             pretrained = rc.is_pretrained_checkpoint and where == rc.checkpoint_path
@@ -360,7 +360,8 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
         _say(f"global step {start} already reaches the last step {target}: nothing to train")
         _say(MSG_TRAIN_DONE)
         return start
-    if start:  # where the checkpoint's run stopped taking batches (another num_csx took another count a step)
+    if start:  # the batch the checkpoint's next step starts at (loops.next_step_start; another num_csx took
+        # another count a step)
         loader.skip(data_position if data_position is not None else start * accum * systems)
     schedule = build_schedule(settings.learning_rate)
     _say_schedule_end(schedule, start, target)
@@ -386,7 +387,7 @@ def _train(params: Params, path: cli_args.RunPath, model: torch.nn.Module, optim
             check_loss_values=rc.check_loss_values, schedule=schedule,
             scalars=scalars, losses=losses, progress=progress, preemption=preemption, log=_say,
             on_cpu=path.kind == "cpu", last_saved=last_saved, keep_checkpoint_max=rc.keep_checkpoint_max,
-            keep_steps=keep_steps))
+            keep_steps=keep_steps, epoch_batches=loader_len if loader.plan.batches_per_epoch is not None else None))
         clear_idle_preemptions(model_dir)
     except Preempted as exc:
         if exc.signum != signal.SIGINT:  # Ctrl-C: stopped by hand, not a fruitless preemption

@@ -108,10 +108,12 @@ def adamw_no_bias_correction_per_tensor(params: list[torch.Tensor], state: dict[
 
 
 @contextlib.contextmanager
-def serve(*, token: str, tls: Any = None, **guard: Any) -> Iterator[EmulatorServer]:
-    """A server on a free loopback port with the given connection limits (``GuardLimits`` keywords)."""
+def serve(*, token: str, tls: Any = None, wait_per_job: float | None = None, **guard: Any) -> Iterator[EmulatorServer]:
+    """A server on a free loopback port with the given connection limits (``GuardLimits`` keywords)
+    and queue allowance per job (None: the default)."""
     import_reader()  # before the warm-up thread imports it (see tests/emulator/conftest.py)
-    srv = EmulatorServer(token=token, port=0, connection_limits=GuardLimits(**guard), tls=tls)
+    queue = {} if wait_per_job is None else {"wait_per_job": wait_per_job}
+    srv = EmulatorServer(token=token, port=0, connection_limits=GuardLimits(**guard), tls=tls, **queue)
     srv.start()
     try:
         yield srv

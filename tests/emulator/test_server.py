@@ -271,7 +271,7 @@ def test_cli_writes_a_token_serves_and_stops_on_sigterm(tmp_path: Path, program:
     env = dict(os.environ)
     env.pop("CSRUN_EMULATOR_TOKEN", None)
     proc = subprocess.Popen([sys.executable, "-m", "csrun.cli.cs_emulator", "--listen", "127.0.0.1:0",
-                             "--token-file", str(token_file), "--log-level", "warning"],
+                             "--token-file", str(token_file), "--log-level", "warning", "--wait-per-job", "7"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -285,8 +285,10 @@ def test_cli_writes_a_token_serves_and_stops_on_sigterm(tmp_path: Path, program:
         with RemoteDevice(f"127.0.0.1:{port}", token_file.read_text().strip(), "cli-job", connect_timeout=10) as dev:
             dev.load(ep, spec)
             assert dev.submit(batches[0]).result()["loss"].dim() == 0
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as queued:  # told the operator's allowance
+                assert raw_hello(queued, token_file.read_text().strip(), "next-job")["wait_per_job"] == 7.0
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert "stopped" in out
     finally:

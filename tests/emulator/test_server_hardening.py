@@ -3,7 +3,9 @@
 Slow-loris connections, a flood over the pending limit, a holder that stops (SIGSTOP) or goes
 silent, what travels on the wire (via a recording proxy), wrong tokens and impostor servers,
 protocol versions, TLS, and the command's refusals of weak tokens, readable secret files and
-plaintext on a public address. Limits are set short here so that each test takes seconds.
+plaintext on a public address. Limits are set short here so that each test takes seconds, yet
+long enough that a legitimate client on a busy machine (its threads waiting a second or more for
+a core) stays inside them; a limit is checked by what it cuts, waited for, never by a time taken.
 """
 
 from __future__ import annotations
@@ -92,16 +94,17 @@ def _loris(port: int, stop: threading.Event, cuts: list[int]) -> None:
 
 
 def test_slow_loris_does_not_lock_a_job_out(program: tuple) -> None:
-    with serve(max_pending=8, hello_deadline=1.0) as srv:
+    """The legitimate job is told "too many connections" (and retries) until a loris is older than the
+    eviction age, then takes its place; its own hello has the 3 s deadline, a busy machine's margin."""
+    with serve(max_pending=8, hello_deadline=3.0) as srv:
         stop, cuts = threading.Event(), []
         lorises = [threading.Thread(target=_loris, args=(srv.address[1], stop, cuts)) for _ in range(8)]
         for t in lorises:
             t.start()
         try:
-            wait_until(lambda: srv.guard.pending == 8, 10)  # every place taken
-            time.sleep(0.6)  # and all of them have waited a while
-            losses = train(addr(srv), program, "legit-under-attack", connect_timeout=20)
-            wait_until(lambda: cuts, 10)  # trickling does not buy more than the hello deadline
+            wait_until(lambda: srv.guard.pending == 8, 60)  # every place taken
+            losses = train(addr(srv), program, "legit-under-attack", connect_timeout=60)
+            wait_until(lambda: cuts, 60)  # trickling does not buy more than the hello deadline
         finally:
             stop.set()
             for t in lorises:
@@ -121,19 +124,18 @@ def test_over_the_pending_limit_a_client_hears_too_many_connections(program: tup
         assert "reset" not in msg
         for s in waiting:
             s.close()
-        wait_until(lambda: srv.guard.pending == 0, 10)
+        wait_until(lambda: srv.guard.pending == 0, 60)
         assert len(train(addr(srv), program, "after-the-flood", connect_timeout=10)) == len(program[2])
 
 
 def test_hello_deadline_cuts_a_connection_that_never_answers() -> None:
     with serve(hello_deadline=0.5) as srv:
-        s = socket.create_connection(("127.0.0.1", srv.address[1]), timeout=10)
+        s = socket.create_connection(("127.0.0.1", srv.address[1]), timeout=60)
         assert wire.recv_frame(s, wire.Limits())[0]["op"] == "challenge"
-        took = wait_until(lambda: srv.guard.pending == 0, 10)
+        wait_until(lambda: srv.guard.pending == 0, 60)  # cut (the only way off the table for a silent one)
         with pytest.raises((EOFError, OSError)):
             wire.recv_frame(s, wire.Limits())
         s.close()
-    assert took < 5
 
 
 # stalled holders ---------------------------------------------------------------------------------
@@ -162,17 +164,16 @@ STALLED = ONE_STEP + textwrap.dedent("""
 
 
 def test_stopped_holder_loses_the_system_and_is_told_when_it_wakes(program: tuple) -> None:
-    with serve(idle_limit=1.5) as srv:
+    with serve(idle_limit=3.0) as srv:
         proc = subprocess.Popen([sys.executable, "-c", STALLED, addr(srv), TOKEN, "stalled-job"], cwd=REPO,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None and proc.stdin is not None
             assert proc.stdout.readline().strip() == "ready"
-            time.sleep(2.0)  # quiet but alive: its keep-alives hold the system past the limit
+            time.sleep(4.0)  # quiet but alive: its keep-alives hold the system past the limit
             assert srv.busy_with is not None and srv.busy_with[0] == "stalled-job"
             os.kill(proc.pid, signal.SIGSTOP)
-            lost_after = wait_until(lambda: srv.busy_with is None, 30)
-            assert lost_after < 1.5 + 3.0
+            wait_until(lambda: srv.busy_with is None, 60)
             assert len(train(addr(srv), program, "next-job", connect_timeout=10)) == len(program[2])
             os.kill(proc.pid, signal.SIGCONT)
             proc.stdin.write("go\n")
@@ -184,7 +185,7 @@ def test_stopped_holder_loses_the_system_and_is_told_when_it_wakes(program: tupl
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
     assert said.startswith("SystemReclaimed: "), said
-    assert addr(srv) in said and "idle limit of 1.5s" in said
+    assert addr(srv) in said and "idle limit of 3s" in said
 
 
 def test_a_script_that_never_closes_its_device_says_goodbye_at_exit(caplog: pytest.LogCaptureFixture) -> None:
@@ -193,34 +194,33 @@ def test_a_script_that_never_closes_its_device_says_goodbye_at_exit(caplog: pyte
     caplog.set_level(logging.INFO, logger="csrun.emulator.remote.server")
     with serve() as srv:
         done = subprocess.run([sys.executable, "-c", ONE_STEP, addr(srv), TOKEN, "unclosed-job"], cwd=REPO, capture_output=True,
-                              text=True, timeout=60)
-        wait_until(lambda: srv.busy_with is None, 10)
+                              text=True, timeout=600)  # a deadline for a hang only: torch's import on a busy machine
+        wait_until(lambda: srv.busy_with is None, 60)
     assert done.returncode == 0, done.stderr
     said = [r.getMessage() for r in caplog.records if "unclosed-job" in r.getMessage()]
     assert any("said goodbye" in line for line in said) and not any("connection lost" in line for line in said), said
 
 
 def test_silent_authenticated_socket_loses_the_system(program: tuple) -> None:
-    with serve(idle_limit=1.0) as srv:
-        s = socket.create_connection(("127.0.0.1", srv.address[1]), timeout=10)
+    with serve(idle_limit=2.0) as srv:
+        s = socket.create_connection(("127.0.0.1", srv.address[1]), timeout=60)
         assert raw_hello(s, TOKEN, "silent")["op"] == "ok"  # then nothing: no requests, no keep-alives
         assert srv.busy_with is not None
-        lost_after = wait_until(lambda: srv.busy_with is None, 30)
+        wait_until(lambda: srv.busy_with is None, 60)
         last_word, _ = wire.recv_frame(s, wire.Limits())
         s.close()
-        assert last_word["kind"] == "idle" and "idle limit of 1s" in last_word["message"]
+        assert last_word["kind"] == "idle" and "idle limit of 2s" in last_word["message"]
         assert len(train(addr(srv), program, "next-job", connect_timeout=10)) == len(program[2])
-    assert lost_after < 1.0 + 3.0
 
 
 def test_a_quiet_client_keeps_the_system_with_keepalives(program: tuple) -> None:
     ep, spec, batches = program
-    with serve(idle_limit=0.8) as srv:
+    with serve(idle_limit=2.5) as srv:
         with RemoteDevice(addr(srv), TOKEN, "thinker", connect_timeout=10) as dev:
-            assert dev.idle_limit == 0.8
+            assert dev.idle_limit == 2.5
             dev.load(ep, spec)
             dev.submit(batches[0]).result()
-            time.sleep(3.0)  # compiling, closures, evaluation: much longer than the idle limit
+            time.sleep(6.0)  # compiling, closures, evaluation: much longer than the idle limit
             assert [dev.submit(b).result()["loss"].dim() for b in batches[1:]] == [0] * (len(batches) - 1)
 
 
@@ -374,7 +374,7 @@ needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="the 
 def test_tls_round_trip(tmp_path: Path, program: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     cert, key = _self_signed(tmp_path, "server")
     other, _ = _self_signed(tmp_path, "other")
-    with serve(tls=server_context(str(cert), str(key)), hello_deadline=1.0) as srv:
+    with serve(tls=server_context(str(cert), str(key)), hello_deadline=5.0) as srv:
         proxy = Proxy(("127.0.0.1", srv.address[1]))
         try:
             monkeypatch.setenv("CSRUN_EMULATOR_CA", str(cert))  # the way jobs are told
@@ -443,7 +443,7 @@ def test_cli_warns_about_plaintext_on_a_public_address(tmp_path: Path) -> None:
         assert proc.stdout is not None
         assert "listening on 0.0.0.0:" in proc.stdout.readline()
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

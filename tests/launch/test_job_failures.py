@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -30,14 +31,29 @@ def job(env: dict[str, str], *options: str) -> list[str]:
     return [str(BIN / "csrun_wse"), "--total-nodes", "3", *options, sys.executable, str(SCRIPT)]
 
 
-JOB_EMULATOR = "csrun.cli.cs_emulator --listen 127.0.0.1:0"
-"""How a job's own emulator (``csrun_wse --emulator``) shows in ps: on a port the system picks."""
+MARK = "JOB_FAILURES_TEST_MARK"
+"""Set, to a value of its own, in the environment of each test's job: its launcher, tasks and emulator
+inherit it, so a test looks at (and cleans up) its own processes only, never another job's or another
+checkout's running beside it on a shared machine."""
 
 
-def leftovers() -> list[str]:
-    """This test's tasks and job emulators still running (not a server someone started on a port)."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if str(SCRIPT) in line or JOB_EMULATOR in line]
+@pytest.fixture()
+def mark() -> str:
+    """This test's mark (:data:`MARK`)."""
+    return uuid.uuid4().hex
+
+
+def leftovers(mark: str) -> list[str]:
+    """``pid args`` of this test's processes still running: the ones whose environment holds ``mark``."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"{MARK}={mark}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                found.append(f"{entry.name} {args}")
+        except OSError:
+            continue
+    return found
 
 
 def shm() -> set[str]:
@@ -71,27 +87,27 @@ def left_behind(before: set[str]) -> set[str]:
     ("2:atexit:4", {}, 4, 2),            # a streamer's exit hook fails after its work
 ])
 def test_a_failed_task_ends_the_job_with_its_code(no_slurm_env: dict[str, str], fail: str, extra_env: dict[str, str],
-                                                  code: int, rank: int) -> None:
+                                                  code: int, rank: int, mark: str) -> None:
     before = shm()
     t0 = time.monotonic()
-    done = subprocess.run(job(no_slurm_env), env={**no_slurm_env, "FAIL": fail, **extra_env}, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(job(no_slurm_env), env={**no_slurm_env, "FAIL": fail, MARK: mark, **extra_env},
+                          capture_output=True, text=True, timeout=60)
     took = time.monotonic() - t0
     assert done.returncode == code, done.stdout + done.stderr
     assert f"csrun_wse: task rank {rank} on " in done.stderr and f"exited with code {code}" in done.stderr, done.stderr
     assert took < END_WITHIN_S + 15, f"{took:.1f} s"  # the start-up of three torch tasks included (a loaded CI machine)
-    assert not leftovers()
+    assert not leftovers(mark)
     assert not left_behind(before), "the job left MPICH segments in /dev/shm"
 
 
-def test_a_bad_knob_in_the_launchers_environment_starts_no_task(no_slurm_env: dict[str, str]) -> None:
-    done = subprocess.run(job(no_slurm_env), env={**no_slurm_env, "CSRUN_GC_FREEZE": "maybe"}, capture_output=True,
-                          text=True, timeout=60)
+def test_a_bad_knob_in_the_launchers_environment_starts_no_task(no_slurm_env: dict[str, str], mark: str) -> None:
+    done = subprocess.run(job(no_slurm_env), env={**no_slurm_env, "CSRUN_GC_FREEZE": "maybe", MARK: mark},
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "csrun_wse: error: CSRUN_GC_FREEZE: 'maybe' is not yes or no (1/0, true/false, yes/no, on/off) (a Session freezes the heap built before it "
         "out of the garbage collector's scans; default on; unset it for the default)"]
-    assert "starting" not in done.stdout and not leftovers()
+    assert "starting" not in done.stdout and not leftovers(mark)
 
 
 def test_a_job_that_succeeds_exits_0(no_slurm_env: dict[str, str]) -> None:
@@ -101,28 +117,29 @@ def test_a_job_that_succeeds_exits_0(no_slurm_env: dict[str, str]) -> None:
     assert "rank 0 done" in done.stdout and "exited with code" not in done.stderr
 
 
-def test_kill_9_of_csrun_wse_takes_the_jobs_emulator_along(no_slurm_env: dict[str, str], tmp_path: Path) -> None:
+def test_kill_9_of_csrun_wse_takes_the_jobs_emulator_along(no_slurm_env: dict[str, str], tmp_path: Path, mark: str) -> None:
     """(Without --emulator, and with a cluster's tasks: tests/launch/test_stop_signals.py.)"""
     log = tmp_path / "out.txt"
     with log.open("w") as out:
-        proc = subprocess.Popen(job(no_slurm_env, "--emulator"), env={**no_slurm_env, "FAIL": "-1:none:0", "STEP_SLEEP": "0.5"},
+        proc = subprocess.Popen(job(no_slurm_env, "--emulator"),
+                                env={**no_slurm_env, "FAIL": "-1:none:0", "STEP_SLEEP": "0.5", MARK: mark},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while "STEPPING" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        assert leftovers()
+        assert leftovers(mark)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         t0 = time.monotonic()
-        while leftovers() and time.monotonic() - t0 < END_WITHIN_S:
+        while leftovers(mark) and time.monotonic() - t0 < END_WITHIN_S:
             time.sleep(0.2)
-        assert not leftovers(), leftovers()
+        assert not leftovers(mark), leftovers(mark)
     finally:
         if proc.poll() is None:
             proc.kill()
-        for line in leftovers():
+        for line in leftovers(mark):  # this test's own only
             os.kill(int(line.split()[0]), signal.SIGKILL)
 
 

@@ -3,7 +3,7 @@
 fc_mnist's run.py through ``csrun_wse --num-csx 2`` (locally: mpiexec runs the chief, the two
 systems and MemoryX, the task wrapper starting ``python -m csrun.emulator.swarm.task`` on those
 three, and the streamers). Checked: the losses of every step and the final checkpoint's weights
-equal one system's at batch N·B to 1e-6 relative; a checkpoint resumed at the same N continues
+equal one system's at batch N·B up to the reduction order's rounding (tests/reduction_order.py); a checkpoint resumed at the same N continues
 bit-identically; a system killed mid-step ends the whole job, named, with nothing left running,
 and ``--resume`` continues; what the cluster cannot run is refused in one line (pipelined mode,
 eval, a count that is not the job's).
@@ -26,12 +26,13 @@ import pytest
 import torch
 import yaml
 
-from csrun.mdl import read_mdl
+from csrun.mdl import read_mdl, write_mdl
 from tests.conftest import BIN, REPO, base_env, follow
+from tests.reduction_order import ROUNDING_BOUND
 
 RUN_PY = REPO / "models" / "fc_mnist" / "run.py"
 DEBUG_YAML = REPO / "configs" / "fc_mnist_debug.yaml"
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(2400)  # a deadline for a hang only: a busy machine takes its time
 
 
 def params(tmp: Path, batch: int, **runconfig: int) -> Path:
@@ -59,13 +60,13 @@ def cluster_argv(command: list[str], *, streamers: int) -> list[str]:
 def cluster(command: list[str], env: dict[str, str], *, streamers: int) -> subprocess.CompletedProcess[str]:
     """``command`` as the chief and the streamers of a local job of 2 systems and MemoryX."""
     return subprocess.run(cluster_argv(command, streamers=streamers), env={**env, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=400, cwd=REPO)
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
 def alone(command: list[str]) -> subprocess.CompletedProcess[str]:
     """``command`` as a lone chief on one system (the embedded emulator)."""
     return subprocess.run([*command, "--cs_ip", "embedded"], env={**base_env(), "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=400, cwd=REPO)
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> None:
@@ -94,11 +95,11 @@ def test_two_systems_train_as_one_at_twice_the_batch(tmp_path: Path, no_slurm_en
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(a) == sorted(b) == list(range(1, 101))
     worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
-    assert worst <= 1e-6, worst
+    assert worst <= ROUNDING_BOUND, worst
     assert a != {s: a[1] for s in a}  # it trained
     rel = largest_relative(weights(tmp_path / "two" / "checkpoint_100.mdl"),
                            weights(tmp_path / "one" / "checkpoint_100.mdl"))
-    assert rel <= 1e-6, rel
+    assert rel <= ROUNDING_BOUND, rel
     for model_dir in ("one", "two"):  # the cluster's samples: 100 steps x 2 systems x 64
         summary = json.loads((tmp_path / model_dir / "performance" / "train" / "summary.json").read_text())
         assert summary["samples"] == 12800 and summary["end_step"] == 100, summary
@@ -107,21 +108,29 @@ def test_two_systems_train_as_one_at_twice_the_batch(tmp_path: Path, no_slurm_en
     assert "(12800 samples" in two.stdout and "(12800 samples" in one.stdout
 
 
-def test_a_checkpoint_resumes_bit_identically_at_the_same_n_past_an_epoch_end(tmp_path: Path,
-                                                                               no_slurm_env: dict[str, str]) -> None:
-    """Batches of 48: an epoch of the digits is 37 of them, 18 steps of 2 and one batch left out, so the
-    checkpoint at 20 is at the stream's batch 37 + 4 = 41, which the resume skips to."""
-    config, whole, parts = params(tmp_path, 48), tmp_path / "whole", tmp_path / "parts"
-    ok(cluster(run_py(config, whole, "--max_steps", "30", "--checkpoint_steps", "20"), no_slurm_env, streamers=1))
-    assert read_mdl(whole / "checkpoint_20.mdl")["data_position"] == 41
-    parts.mkdir()
-    for name in ("checkpoint_20.mdl", "checkpoint_20.mdl.sha256"):  # the run that stopped at 20
-        shutil.copy2(whole / name, parts / name)
-    ok(resumed := cluster(run_py(config, parts, "--max_steps", "30", "--resume", "--checkpoint_steps", "20"),
-                          no_slurm_env, streamers=1))
-    assert "checkpoint_20.mdl" in resumed.stdout + resumed.stderr
-    assert [losses(whole)[s] for s in range(21, 31)] == [losses(parts)[s] for s in range(21, 31)]  # bitwise
-    assert largest_relative(weights(parts / "checkpoint_30.mdl"), weights(whole / "checkpoint_30.mdl")) == 0.0
+def test_every_checkpoint_resumes_bit_identically_at_the_same_n(tmp_path: Path, no_slurm_env: dict[str, str]) -> None:
+    """Batches of 287: an epoch of the digits is 5 of them, 2 steps of 2 systems and one batch left out.
+    A checkpoint every step: at step 1 mid-epoch (data position 2), at step 2 the epoch's tail (position 5,
+    the next epoch's first batch: past the batch left out), at step 3 in the next epoch (5 + 2). Resumed from
+    each, the run trains what the uninterrupted one did, bit for bit; so does step 2's checkpoint recording
+    the batches taken (4), as a loader of unknown epoch length records them (an IterableDataset's, GPT-2's)
+    and as checkpoints written before the tail was skipped did (issue 45 item 1)."""
+    config, whole = params(tmp_path, 287, checkpoint_steps=1), tmp_path / "whole"
+    ok(cluster(run_py(config, whole, "--max_steps", "3"), no_slurm_env, streamers=1))
+    assert [read_mdl(whole / f"checkpoint_{s}.mdl")["data_position"] for s in (1, 2, 3)] == [2, 5, 7]
+    for step, position in ((1, None), (2, None), (2, 4)):
+        parts = tmp_path / f"from_{step}_at_{position}"  # the run that stopped at `step`
+        parts.mkdir()
+        for compiled in whole.glob("cs_*"):  # its compile folder, as that run left it: no compile again
+            shutil.copytree(compiled, parts / compiled.name)
+        state = read_mdl(whole / f"checkpoint_{step}.mdl")
+        if position is not None:
+            state["data_position"] = position
+        write_mdl(parts / f"checkpoint_{step}.mdl", state)
+        ok(resumed := cluster(run_py(config, parts, "--max_steps", "3", "--resume"), no_slurm_env, streamers=1))
+        assert f"checkpoint_{step}.mdl at global step {step}" in resumed.stdout + resumed.stderr
+        assert losses(parts) == {s: losses(whole)[s] for s in range(step + 1, 4)}, (step, position)  # bitwise
+        assert largest_relative(weights(parts / "checkpoint_3.mdl"), weights(whole / "checkpoint_3.mdl")) == 0.0
 
 
 def test_pipelined_mode_is_refused_in_one_line(tmp_path: Path, no_slurm_env: dict[str, str]) -> None:
@@ -191,6 +200,15 @@ def swarm_tasks(marker: str) -> dict[int, int]:
     return found
 
 
+def none_left(mark: str) -> bool:
+    """Whether the job's swarm tasks are gone (a killed job's tasks are reaped a moment after it
+    ends: looked for until a deadline that only a task left running reaches)."""
+    deadline = time.monotonic() + 60
+    while swarm_tasks(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return swarm_tasks(mark) == {}
+
+
 def test_a_system_killed_mid_step_ends_the_job_naming_it_and_resume_continues(
         tmp_path: Path, no_slurm_env: dict[str, str]) -> None:
     config, model_dir = params(tmp_path, 64, log_steps=1), tmp_path / "md"
@@ -206,13 +224,13 @@ def test_a_system_killed_mid_step_ends_the_job_naming_it_and_resume_continues(
 
     code, out = follow(cluster_argv(run_py(config, model_dir, "--max_steps", "100000", "--checkpoint_steps", "20"),
                                     streamers=1),
-                       env, kill_a_system, timeout=120, cwd=REPO)
+                       env, kill_a_system, timeout=600, cwd=REPO)
     ended = time.monotonic()
     assert killed, out[-3000:]
     print(f"the job ended {ended - killed[0]:.1f} s after the kill")
     assert code == 137, out[-3000:]
     assert "task rank 1 (system 1 of 2) on" in out, out[-3000:]
-    assert swarm_tasks(str(tmp_path)) == {}  # nothing left running
+    assert none_left(str(tmp_path))  # nothing left running
     last = max(int(p.stem.split("_")[1]) for p in model_dir.glob("checkpoint_*.mdl"))
     assert last >= 40
     resumed = cluster(run_py(config, model_dir, "--max_steps", str(last + 10), "--resume"), env, streamers=1)
@@ -228,8 +246,8 @@ def test_a_system_that_cannot_build_its_engine_is_named_in_one_line(tmp_path: Pa
     argv = cluster_argv(run_py(params(tmp_path, 64), tmp_path / "md", "--max_steps", "5"), streamers=1)
     argv[1:1] = ["--emulator", "cuda:99"]
     env = {**no_slurm_env, "OMP_NUM_THREADS": "1", "CLUSTER_TEST_MARK": str(tmp_path)}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert re.search(r"run\.py: error: system [12]: device: 'cuda:99' ", done.stderr), done.stderr[-2000:]
     assert "task rank 0 (chief) on" in done.stderr and "Traceback" not in done.stderr
-    assert swarm_tasks(str(tmp_path)) == {}
+    assert none_left(str(tmp_path))

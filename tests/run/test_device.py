@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Callable
 
 import pytest
+import yaml
 
+from csrun.run.checkpoints import load_checkpoint
 from csrun.run.summaries import read_losses
 from tests.run.conftest import DEBUG_YAML, PERFORMANCE_KEYS, assert_same_weights, diverging_yaml, write_yaml
 
@@ -32,6 +35,29 @@ def test_exact_resume_on_the_embedded_emulator_matches_the_cpu(fc_mnist: Run, tm
     assert PERFORMANCE_KEYS <= perf.keys() and perf["path"] == "system"
     assert perf["compile_time"] is not None and perf["est_samples_per_sec"] > 0
     assert list(dev.glob("cs_*/plan.json"))
+
+
+def test_every_checkpoint_resumes_bit_identically_on_one_system(fc_mnist: Run, tmp_path: Path) -> None:
+    """Batches of 287: an epoch of the digits is 5 of them. A checkpoint every step of 6, the epoch's last
+    and the next epoch's first included: resumed from each, the run trains what the uninterrupted one did,
+    bit for bit (one system takes every batch: the data position is the step; the cluster's case, with an
+    epoch's tail left out, is tests/run/test_cluster_training.py's)."""
+    data = yaml.safe_load(DEBUG_YAML.read_text())
+    data["train_input"]["batch_size"] = 287
+    data["runconfig"].update(max_steps=6, checkpoint_steps=1)
+    config = tmp_path / "every_step.yaml"
+    config.write_text(yaml.safe_dump(data))
+    whole = tmp_path / "whole"
+    assert fc_mnist("-p", str(config), "-m", "train", "-o", str(whole), "--cs_ip", "embedded") == 0
+    assert [load_checkpoint(whole / f"checkpoint_{s}.mdl")["data_position"] for s in range(1, 7)] == [1, 2, 3, 4, 5, 6]
+    for step in range(1, 6):
+        parts = tmp_path / f"from_{step}"  # the run that stopped at `step`, its compile folder kept
+        parts.mkdir()
+        for kept in (*whole.glob("cs_*"), whole / f"checkpoint_{step}.mdl", whole / f"checkpoint_{step}.mdl.sha256"):
+            (shutil.copytree if kept.is_dir() else shutil.copy2)(kept, parts / kept.name)
+        assert fc_mnist("-p", str(config), "-m", "train", "-o", str(parts), "--cs_ip", "embedded", "--resume") == 0
+        assert read_losses(parts) == read_losses(whole)[step:], step  # bitwise
+        assert_same_weights(parts / "checkpoint_6.mdl", whole / "checkpoint_6.mdl")
 
 
 @pytest.mark.parametrize("flag,message", [("--compile_only", "Compile for training completed successfully!"),

@@ -19,11 +19,14 @@ import yaml
 
 from tests.conftest import BIN, REPO, long_debug_params
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1800)]  # generous: the cluster is shared and busy
+WAIT = 600
+"""Seconds a test waits for a condition: a deadline only a hang reaches."""
 
 
-def squeue_state(job: str, env: dict[str, str]) -> str:
-    out = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%T", f"--jobs={job}"], env=env, capture_output=True, text=True).stdout.split()
+def squeue_state(job: str, env: dict[str, str], field: str = "%T") -> str:
+    """The job's state (or another squeue ``field``, ``%r``: the reason it waits)."""
+    out = subprocess.run(["squeue", "--noheader", "--states=all", f"--format={field}", f"--jobs={job}"], env=env, capture_output=True, text=True).stdout.split()
     return out[0] if out else ""
 
 
@@ -38,15 +41,18 @@ def wait_until(predicate, seconds: float, what: str) -> None:  # type: ignore[no
 
 def finish_after_requeue(job: str, env: dict[str, str], md: Path, params: dict, params_file: Path) -> int:
     """Wait for the requeue, check the preemption checkpoint, shorten the run, start it now, wait."""
-    wait_until(lambda: squeue_state(job, env) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), 120, "the job to be requeued")
-    wait_until(lambda: len(list(md.glob("checkpoint_*.mdl"))) == 1, 30, "the preemption checkpoint")
+    wait_until(lambda: squeue_state(job, env) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), WAIT, "the job to be requeued")
+    wait_until(lambda: len(list(md.glob("checkpoint_*.mdl"))) == 1, WAIT, "the preemption checkpoint")
     saved_step = int(re.findall(r"\d+", next(md.glob("checkpoint_*.mdl")).name)[0])
     assert 0 < saved_step < 100000
     params["runconfig"]["max_steps"] = saved_step + 50
     params_file.write_text(yaml.safe_dump(params))
-    time.sleep(10)  # Slurm's BeginTime delay exists so the first run's credential is revoked first
+    # Slurm's BeginTime delay exists so the first run is cleaned up (its credential revoked) first: the
+    # requeued job is started once it waits for nothing but that delay
+    wait_until(lambda: (squeue_state(job, env), squeue_state(job, env, "%r")) == ("PENDING", "BeginTime")
+               or squeue_state(job, env) in ("RUNNING", "COMPLETED"), WAIT, "the requeued job to wait for its begin time")
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=False)
-    wait_until(lambda: squeue_state(job, env) == "COMPLETED", 200, "the requeued run to finish")
+    wait_until(lambda: squeue_state(job, env) == "COMPLETED", WAIT, "the requeued run to finish")
     return saved_step
 
 
@@ -57,12 +63,12 @@ def test_csrun_cpu_use_sbatch_checkpoints_requeues_and_resumes(slurm_env: dict[s
     env = {**slurm_env, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([str(BIN / "csrun_cpu"), "--use-sbatch", "--log-dir", str(logs), "--time", "30", str(BIN / "python-pt"),
                            str(REPO / "models" / "fc_mnist" / "run.py"), "--mode", "train", "--params", str(params_file), "-o", str(md)],
-                          env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+                          env=env, capture_output=True, text=True, timeout=WAIT, cwd=REPO)
     assert done.returncode == 0, done.stderr
     job = done.stdout.split()[3].rstrip(";")
     try:
         out = lambda: "".join(p.read_text() for p in (logs / job).glob("*_log.out"))  # noqa: E731
-        wait_until(lambda: "Train: step" in out(), 120, "training to start")
+        wait_until(lambda: "Train: step" in out(), WAIT, "training to start")
         subprocess.run(["scancel", "--signal=USR2", job], env=env, check=True)
         saved_step = finish_after_requeue(job, env, md, params, params_file)
     finally:
@@ -79,13 +85,12 @@ def test_csrun_wse_use_sbatch_checkpoints_requeues_and_resumes(slurm_env: dict[s
     env = {**slurm_env, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([str(BIN / "csrun_wse"), "--use-sbatch", "--log-dir", str(logs), "--time", "30", "--preempt-lead", "60",
                            "--total-nodes", "2", "--tasks-per-node", "1", str(BIN / "python-pt"), str(REPO / "models" / "fc_mnist" / "run.py"),
-                           "--mode", "train", "--params", str(params_file), "-o", str(md)], env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+                           "--mode", "train", "--params", str(params_file), "-o", str(md)], env=env, capture_output=True, text=True, timeout=WAIT, cwd=REPO)
     assert done.returncode == 0, done.stderr
     job = done.stdout.split()[3].rstrip(";")
     log = logs / job / f"{job}_log.out"
     try:
-        wait_until(lambda: log.exists() and "Compile for training completed successfully!" in log.read_text(), 120, "training to start")
-        time.sleep(2)
+        wait_until(lambda: log.exists() and "Train: step" in log.read_text(), WAIT, "training to gain a step")
         subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True)
         saved_step = finish_after_requeue(job, env, md, params, params_file)
     finally:

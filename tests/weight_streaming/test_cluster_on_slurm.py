@@ -20,8 +20,10 @@ import yaml
 
 from csrun.run.summaries import read_losses
 from tests.conftest import BIN, REPO
+from tests.reduction_order import ROUNDING_BOUND
+from tests.slurm.nodes import pinned_env
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(500)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(2400)]  # generous: the cluster is shared and busy
 STEPS = 30
 
 
@@ -36,19 +38,19 @@ def config(tmp: Path, batch: int) -> Path:
 
 
 def test_two_systems_on_slurm_train_gpt2_as_one_at_twice_the_batch(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    env = {**slurm_env, "PATH": f"{BIN}:{slurm_env['PATH']}", "OMP_NUM_THREADS": "1"}
+    env = {**pinned_env(slurm_env), "PATH": f"{BIN}:{slurm_env['PATH']}", "OMP_NUM_THREADS": "1"}  # placement asked
     line = (f"csrun_wse --num-csx 2 --log-dir {tmp_path / 'logs'} python-ws models/gpt2/run.py -m train "
             f"-p {config(tmp_path, 4)} -o {tmp_path / 'two'} --max_steps {STEPS}")
-    two = subprocess.run(["bash", "-c", line], env=env, cwd=REPO, capture_output=True, text=True, timeout=420)
+    two = subprocess.run(["bash", "-c", line], env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-4000:]
     one = subprocess.run(["bash", "-c", f"python-ws models/gpt2/run.py -m train -p {config(tmp_path, 8)} "
                           f"-o {tmp_path / 'one'} --max_steps {STEPS} --cs_ip embedded"],
-                         env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert one.returncode == 0, one.stdout[-4000:] + one.stderr[-4000:]
     a, b = dict(read_losses(tmp_path / "one")), dict(read_losses(tmp_path / "two"))
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1)), (a, b)
     worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
-    assert worst <= 1e-6, worst
+    assert worst <= ROUNDING_BOUND, worst  # AdamW: reduction-order rounding only (tests/reduction_order.py)
     nodes = {}
     for log in (tmp_path / "logs").glob("*.log"):
         found = re.match(r"=== csrun task rank (\d+) on (\S+),", log.read_text())

@@ -7,13 +7,20 @@ file does not trust, a server that cannot prove it holds the token. Every messag
 server's address.
 
 A system busy with another job queues this one (the hello asks for it, see
-:mod:`csrun.emulator.remote.handshake`): the client logs one warning per position it is told
-(``cs_emulator at HOST:PORT is busy with job J; queued at position 2``, logger
-``csrun.emulator.remote.client``), pings inside the server's idle limit, and sleeps in ``select``
-until its turn. It waits up to ``queue_timeout`` seconds (:func:`queue_timeout`,
-``CSRUN_QUEUE_TIMEOUT``, default 600; 0: not at all), then says ``bye`` and raises
-:class:`~csrun.emulator.remote.errors.QueueTimeout`, one line naming the busy job, its position
-and the variable to raise.
+:mod:`csrun.emulator.remote.handshake`): the client logs one warning per position it is told,
+saying who is ahead, when its turn is expected and how long it waits (logger
+``csrun.emulator.remote.client``)::
+
+    cs_emulator at HOST:PORT is busy with job J; queued at position 3, after 2 queued jobs (K, L); expected
+    wait 6.5 min (a job here takes 2.2 min); this job waits up to 3 h (1 h per job before it: cs_emulator
+    --wait-per-job)
+
+It pings inside the server's idle limit and sleeps in ``select`` until its turn. How long it waits
+is its own limit: ``queue_timeout`` seconds when given (:func:`queue_timeout`,
+``CSRUN_QUEUE_TIMEOUT``; 0: not at all), else the system's allowance for each job before it, the
+holder included (``cs_emulator --wait-per-job``, 1 h by default), counted from joining the queue.
+Over it, it says ``bye`` and raises :class:`~csrun.emulator.remote.errors.QueueTimeout`, one line
+naming the busy job, its position and what sets the limit.
 
 How long to keep trying is :func:`connect_timeout` (``CSRUN_CONNECT_TIMEOUT`` seconds,
 :mod:`csrun.env_settings`): long enough for a server that is still starting, short enough
@@ -79,15 +86,17 @@ def connect_timeout() -> float:
     return env_settings().connect_timeout
 
 
-def queue_timeout() -> float:
-    """``CSRUN_QUEUE_TIMEOUT``: seconds to wait in the queue of a busy system (:mod:`csrun.env_settings`)."""
+def queue_timeout() -> float | None:
+    """``CSRUN_QUEUE_TIMEOUT``: seconds to wait in the queue of a busy system (None, unset: the
+    system's allowance per job before this one; :mod:`csrun.env_settings`)."""
     return env_settings().queue_timeout
 
 
 def open_link(host: str, port: int, token: str, job_id: str, *, timeout: float,
               tls: ClientTLS | None, wait: float | None = None) -> OpenLink:
     """Connect to ``host:port`` and authenticate as ``job_id``, retrying for up to ``timeout`` s;
-    a busy system's queue is waited in for up to ``wait`` s (None: :func:`queue_timeout`)."""
+    a busy system's queue is waited in for up to ``wait`` s (None: :func:`queue_timeout`, and when
+    that is unset the system's allowance per job before this one)."""
     where = str(Address(host, port))
     deadline = time.monotonic() + timeout
     queue_wait = queue_timeout() if wait is None else wait
@@ -103,7 +112,7 @@ def open_link(host: str, port: int, token: str, job_id: str, *, timeout: float,
 
 
 def _attempt(host: str, port: int, where: str, token: bytes, job_id: str, timeout: float,
-             tls: ClientTLS | None, queue_wait: float) -> OpenLink:
+             tls: ClientTLS | None, queue_wait: float | None) -> OpenLink:
     try:
         raw = socket.create_connection((host, port), timeout=max(1.0, min(5.0, timeout)))
     except OSError:
@@ -176,7 +185,7 @@ def _refused(header: dict[str, Any], where: str) -> UserError | _Retry:
 
 
 def _hello(sock: socket.socket, where: str, token: bytes, job_id: str, tls: ClientTLS | None,
-           queue_wait: float) -> OpenLink:
+           queue_wait: float | None) -> OpenLink:
     greeting = _receive(sock, where, "before greeting this client", tls)
     if greeting.get("op") == "error":
         raise _refused(greeting, where)
@@ -222,10 +231,13 @@ def _number(value: Any, default: float) -> float:
 
 
 def _wait_in_queue(sock: socket.socket, where: str, queued: dict[str, Any], expected: str,
-                   tls: ClientTLS | None, wait: float) -> dict[str, Any]:
-    """Wait in the server's queue from its first ``queued`` frame for up to ``wait`` seconds,
-    pinging inside its idle limit; returns the frame that ends the wait (``ok`` or ``error``)."""
-    deadline = time.monotonic() + wait
+                   tls: ClientTLS | None, own: float | None) -> dict[str, Any]:
+    """Wait in the server's queue from its first ``queued`` frame for up to ``own`` seconds (None:
+    the frame's ``wait_per_job`` for each job before this one), pinging inside its idle limit;
+    returns the frame that ends the wait (``ok`` or ``error``)."""
+    joined = time.monotonic()
+    limit = _QueueLimit.of(queued, own)
+    deadline = joined + limit.seconds
     position, busy_with, told = 0, "?", None
     last_ping = time.monotonic()
     while queued.get("op") == "queued":
@@ -234,7 +246,8 @@ def _wait_in_queue(sock: socket.socket, where: str, queued: dict[str, Any], expe
         position = int(_number(queued.get("position"), 0))
         busy_with = str(queued.get("busy_with", "?"))
         if position != told:
-            log.warning("cs_emulator at %s is busy with job %s; queued at position %d", where, busy_with, position)
+            log.warning("cs_emulator at %s is busy with job %s; queued at position %d%s; %s%s", where, busy_with,
+                        position, _ahead(queued, position), _expected(queued), limit.describe())
             told = position
         idle = _number(queued.get("idle_limit"), 0.0)
         interval = idle / 4 if idle else None
@@ -243,11 +256,12 @@ def _wait_in_queue(sock: socket.socket, where: str, queued: dict[str, Any], expe
             if now >= deadline:
                 _say_bye(sock)
                 raise QueueTimeout(
-                    f"cs_emulator at {where} is still busy with job {busy_with}: this job waited {wait:g} s in its "
-                    f"queue and was at position {position}; {QUEUE_TIMEOUT_ENV} sets how long to wait")
-            timeout = deadline - now
+                    f"cs_emulator at {where} is still busy with job {busy_with}: this job waited "
+                    f"{_duration(limit.seconds)} in its queue and was at position {position}; {limit.setter()} "
+                    "sets how long to wait")
+            timeout: float | None = deadline - now if deadline < math.inf else None
             if interval is not None:
-                timeout = min(timeout, max(0.0, last_ping + interval - now))
+                timeout = min(timeout if timeout is not None else math.inf, max(0.0, last_ping + interval - now))
             buffered = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
             if buffered or select.select([sock], [], [], timeout)[0]:
                 queued = _receive(sock, where, "while this job was queued", tls)
@@ -260,6 +274,67 @@ def _wait_in_queue(sock: socket.socket, where: str, queued: dict[str, Any], expe
                                             f"queued ({exc})") from None
                 last_ping = time.monotonic()
     return queued
+
+
+@dataclass(frozen=True)
+class _QueueLimit:
+    """How long a queued job waits, and what says so."""
+
+    seconds: float
+    """From joining the queue (infinite: until its turn)."""
+    own: bool
+    """Its own limit (``CSRUN_QUEUE_TIMEOUT``, or given) rather than the system's allowance."""
+    per_job: float = 0.0
+    """The system's allowance per job before this one (when not ``own``)."""
+
+    @classmethod
+    def of(cls, first: dict[str, Any], own: float | None) -> "_QueueLimit":
+        """The limit of a job whose first ``queued`` frame is ``first``."""
+        if own is not None:
+            return cls(own, True)
+        per_job = _number(first.get("wait_per_job"), handshake.DEFAULT_WAIT_PER_JOB)
+        before = max(1.0, _number(first.get("position"), 1.0))  # the holder and the queued jobs ahead
+        return cls(before * per_job if per_job else math.inf, False, per_job)
+
+    def describe(self) -> str:
+        """``this job waits up to ...``, naming what sets it."""
+        if self.seconds == math.inf:
+            return "this job waits until its turn (cs_emulator --wait-per-job 0)"
+        if self.own:
+            return f"this job waits up to {_duration(self.seconds)} ({QUEUE_TIMEOUT_ENV})"
+        return (f"this job waits up to {_duration(self.seconds)} ({_duration(self.per_job)} per job before it: "
+                "cs_emulator --wait-per-job)")
+
+    def setter(self) -> str:
+        """What the job's user changes to wait longer."""
+        return QUEUE_TIMEOUT_ENV if self.own else f"{QUEUE_TIMEOUT_ENV} (or the system's --wait-per-job)"
+
+
+def _ahead(queued: dict[str, Any], position: int) -> str:
+    """``, after 2 queued jobs (K, L)`` from a ``queued`` frame ("" at the head of the queue)."""
+    if position <= 1:
+        return ""
+    names = [str(j) for j in queued.get("jobs_ahead") or [] if isinstance(j, str)]
+    more = position - 1 - len(names)
+    listed = ", ".join(names) + (f" and {more} more" if names and more > 0 else "")
+    return f", after {position - 1} queued job{'s' if position > 2 else ''}" + (f" ({listed})" if names else "")
+
+
+def _expected(queued: dict[str, Any]) -> str:
+    """``expected wait 6.5 min (a job here takes 2.2 min); `` from a ``queued`` frame."""
+    wait, job = _number(queued.get("expected_wait"), -1.0), _number(queued.get("job_time"), -1.0)
+    if wait < 0 or job < 0:
+        return "expected wait unknown (no job has finished on this system yet); "
+    return f"expected wait {_duration(wait)} (a job here takes {_duration(job)}); "
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``6.5 min``, ``3 h``."""
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"
 
 
 def _say_bye(sock: socket.socket) -> None:

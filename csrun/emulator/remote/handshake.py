@@ -8,7 +8,9 @@ The token never travels. The exchange (frames as in :mod:`csrun.emulator.remote.
     client -> server  {"op": "hello", "version": 2, "job_id": J, "nonce": Nc, "queue": true,
                        "proof": HMAC(token, "csrun-emulator/2 client" | Ns | Nc | J)}
     server -> client  {"op": "queued", "version": 2, "position": k, "ahead": k - 1, "busy_with": J0,
-                       "since": T, "max_queued": N, "idle_limit": S, "proof": <as in ok>}   (0 or more)
+                       "since": T, "max_queued": N, "idle_limit": S, "jobs_ahead": [J1, ...],
+                       "expected_wait": W | null, "job_time": D | null, "wait_per_job": P,
+                       "proof": <as in ok>}   (0 or more)
     server -> client  {"op": "ok", "version": 2, "idle_limit": S,
                        "proof": HMAC(token, "csrun-emulator/2 server" | Ns | Nc | J)}
                    or {"op": "error", "version": 2, "kind": "auth" | "busy" | "version" | "idle" | ..., "message"}
@@ -38,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from csrun.emulator.remote.errors import ProtocolError
@@ -101,13 +104,33 @@ def refusal(kind: str, message: str) -> dict[str, Any]:
     return {"op": "error", "seq": None, "version": PROTOCOL_VERSION, "kind": kind, "message": message}
 
 
+DEFAULT_WAIT_PER_JOB = 3600.0
+"""Seconds a queued job that sets no limit of its own waits per job before it (``cs_emulator --wait-per-job``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueOutlook:
+    """What a queued job is told of the jobs before it, besides its position."""
+
+    jobs_ahead: tuple[str, ...] = ()
+    """The queued jobs ahead of it, the next one first (the first few)."""
+    expected_wait: float | None = None
+    """Seconds until its turn, as the jobs that ran here took (None: no job has finished yet)."""
+    job_time: float | None = None
+    """Seconds the jobs that finished here held the system, on average (None: none has)."""
+    wait_per_job: float = DEFAULT_WAIT_PER_JOB
+    """Seconds a job with no limit of its own waits per job before it, the holder included (0: no limit)."""
+
+
 def queued(position: int, busy_with: str, since: str, max_queued: int, idle_limit: float,
-           server_proof: str) -> dict[str, Any]:
+           server_proof: str, outlook: QueueOutlook = QueueOutlook()) -> dict[str, Any]:
     """The server's word to a queued client: its ``position`` (1: next), who holds the system since
-    when, the queue's size, the idle limit its keep-alives must stay inside, and the server's proof."""
+    when, the queue's size, the idle limit its keep-alives must stay inside, the jobs ahead and
+    their expected time (``outlook``), and the server's proof."""
     return {"op": "queued", "seq": None, "version": PROTOCOL_VERSION, "position": position,
             "ahead": position - 1, "busy_with": busy_with, "since": since, "max_queued": max_queued,
-            "idle_limit": idle_limit, "proof": server_proof}
+            "idle_limit": idle_limit, "jobs_ahead": list(outlook.jobs_ahead), "expected_wait": outlook.expected_wait,
+            "job_time": outlook.job_time, "wait_per_job": outlook.wait_per_job, "proof": server_proof}
 
 
 def hello(token: bytes, server_nonce: str, job_id: str, *, queue: bool = True) -> dict[str, Any]:

@@ -47,8 +47,16 @@ its connection and on a wake-up socket the server writes to when the queue moves
 that does not move costs no CPU. When the queue is full, a newcomer is refused (kind ``busy``)
 with ``system busy: in use by job J since T, and its queue is full (N jobs waiting ...)``; a
 client that does not ask to be queued (protocol 2 before the queue) hears ``system busy: in
-use by job J since T`` as before. How long a client waits is the client's setting
-(``CSRUN_QUEUE_TIMEOUT``, :mod:`csrun.emulator.remote.connect`): it then says ``bye``.
+use by job J since T`` as before.
+
+Each ``queued`` frame also says what is ahead (``handshake.QueueOutlook``): the queued jobs before
+it (``jobs_ahead``, the first few), ``job_time`` (how long the last jobs that finished here held the
+system, on average; null before one has) and ``expected_wait`` (what is left of the holder's time at
+that average, plus that average for each job ahead; null without it), and ``wait_per_job``, the
+operator's allowance (``cs_emulator --wait-per-job``, default 1 h; 0: none): a job that sets no limit
+of its own waits up to that long for each job before it, the holder included, so a long queue of
+real jobs is waited through. A job's own limit is ``CSRUN_QUEUE_TIMEOUT``
+(:mod:`csrun.emulator.remote.connect`); over its limit the job says ``bye``.
 
 Limits (:mod:`csrun.emulator.remote.guard`): at most ``max_pending`` connections wait to authenticate
 (a newcomer evicts the oldest stale one, else it hears ``too many connections``); each has
@@ -71,6 +79,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from csrun.emulator.remote.log_limit import LimitedWarnings
@@ -89,6 +98,10 @@ MAX_REFUSALS = 8
 """TLS refusals ("too many connections") delivered at once; beyond that a connection is just closed."""
 REFUSAL_SECONDS = 2.0
 """Most time a TLS refusal may take (handshake and the error frame)."""
+JOB_TIMES_KEPT = 16
+"""Finished jobs whose time on the system the expected wait averages (the latest ones)."""
+JOBS_AHEAD_SHOWN = 8
+"""Queued jobs ahead a ``queued`` frame names (the next ones); ``ahead`` counts them all."""
 
 
 def _now_utc() -> str:
@@ -149,13 +162,18 @@ class EmulatorServer:
         limits: wire.Limits = wire.Limits(),
         connection_limits: GuardLimits = GuardLimits(),
         tls: ssl.SSLContext | None = None,
+        wait_per_job: float = handshake.DEFAULT_WAIT_PER_JOB,
     ) -> None:
         """Bind the listening socket. ``token`` must be non-empty (its strength is the command's
         check, :func:`csrun.emulator.remote.auth_token.check_token`). ``connection_limits``: pending
         connections, hello deadline, idle limit, queue size. ``tls``: a server context to wrap every
-        connection."""
+        connection. ``wait_per_job``: seconds a queued job with no limit of its own waits per job
+        before it (0: no limit; told to it in each ``queued`` frame)."""
         if not token:
             raise UserError("the emulator needs a non-empty token")
+        if not wait_per_job >= 0:
+            raise UserError(f"wait_per_job must be >= 0 seconds (0: no limit), got {wait_per_job}")
+        self.wait_per_job = wait_per_job
         self._token = token.encode()
         self.device = device
         self.queue_depth = queue_depth
@@ -165,6 +183,8 @@ class EmulatorServer:
         self.stopping = False
         self._lock = threading.Lock()
         self._active: tuple[str, str] | None = None  # (job id, since)
+        self._held_from = 0.0  # time.monotonic() when the holder took the system
+        self._job_times: deque[float] = deque(maxlen=JOB_TIMES_KEPT)  # how long finished jobs held it
         self._queue: list[_Waiter] = []  # FIFO; never waiting while the system is free
         self._conns: set[socket.socket] = set()
         self._refusers = threading.Semaphore(MAX_REFUSALS)
@@ -188,22 +208,41 @@ class EmulatorServer:
         with self._lock:
             return [w.job_id for w in self._queue]
 
-    def _free(self) -> str | None:
-        """The holder is gone: the system goes to the queue's head, if any (its job id)."""
+    def _free(self, *, ran: bool = True) -> str | None:
+        """The holder is gone (``ran``: it held the system for its job, which counts in the jobs'
+        time): the system goes to the queue's head, if any (its job id)."""
         with self._lock:
+            if ran and self._active is not None:
+                self._job_times.append(time.monotonic() - self._held_from)
             self._active = None
             self._hand_over()
             return self._active[0] if self._active is not None else None
+
+    def _take(self, job_id: str) -> None:
+        """With the lock held: ``job_id`` holds the system from now."""
+        self._active = (job_id, _now_utc())
+        self._held_from = time.monotonic()
 
     def _hand_over(self) -> None:
         """With the lock held: a free system goes to the queue's head; every waiter looks again."""
         if self._active is None and self._queue:
             head = self._queue.pop(0)
             head.admitted = True
-            self._active = (head.job_id, _now_utc())
+            self._take(head.job_id)
             head.wake()
         for w in self._queue:
             w.wake()
+
+    def _outlook(self, position: int) -> handshake.QueueOutlook:
+        """With the lock held: what the job at ``position`` is told of the jobs before it."""
+        ahead = tuple(w.job_id for w in self._queue[:min(position - 1, JOBS_AHEAD_SHOWN)])
+        if not self._job_times:
+            return handshake.QueueOutlook(jobs_ahead=ahead, wait_per_job=self.wait_per_job)
+        job_time = sum(self._job_times) / len(self._job_times)
+        held = time.monotonic() - self._held_from if self._active is not None else 0.0
+        expected = max(0.0, job_time - held) + (position - 1) * job_time
+        return handshake.QueueOutlook(jobs_ahead=ahead, expected_wait=round(expected, 1),
+                                      job_time=round(job_time, 1), wait_per_job=self.wait_per_job)
 
     def serve_forever(self) -> None:
         """Accept connections until :meth:`shutdown`."""
@@ -329,7 +368,7 @@ class EmulatorServer:
         waiter: _Waiter | None = None
         with self._lock:
             if self._active is None and not self._queue:
-                self._active = (job_id, _now_utc())
+                self._take(job_id)
             else:
                 refusal = self._busy_refusal(header.get("queue") is True)
                 if refusal is not None:
@@ -342,7 +381,7 @@ class EmulatorServer:
         try:
             if waiter is not None and not self._wait_in_queue(conn, peer, waiter, server_proof):
                 if waiter.admitted:  # it left just as its turn came
-                    self._free()
+                    self._free(ran=False)
                 return None
             wire.send_frame(conn, {
                 "op": "ok", "seq": None, "version": PROTOCOL_VERSION, "proof": server_proof,
@@ -350,7 +389,7 @@ class EmulatorServer:
             })
         except BaseException:
             if waiter is None or waiter.admitted:
-                self._free()
+                self._free(ran=False)
             raise
         return job_id
 
@@ -382,11 +421,12 @@ class EmulatorServer:
                         return True
                     position = self._queue.index(waiter) + 1
                     job, since = self._active if self._active is not None else ("?", "?")
-                if position != told:
+                    outlook = self._outlook(position) if position != told else None
+                if outlook is not None:
                     log.info("job %s (%s) queued at position %d, the system busy with job %s", waiter.job_id,
                              peer, position, job)
                     wire.send_frame(conn, handshake.queued(position, job, since, self.guard.limits.max_queued,
-                                                           idle_limit, server_proof))
+                                                           idle_limit, server_proof, outlook))
                     told = position
                 buffered = isinstance(conn, ssl.SSLSocket) and conn.pending() > 0
                 timeout = 0.0 if buffered else None if not idle_limit else max(0.0, heard + idle_limit - time.monotonic())

@@ -8,6 +8,7 @@ both end in MPI_Abort), ``step``
 work), ``none``. Every task prints ``rank N starting``; the chief ``rank 0 done`` at the end. ``STEP_SLEEP`` seconds between steps (default 0.01).
 ``SET_ENV=WHEN:NAME=VALUE`` sets a variable in the chief's own environment just before
 ``initialize`` or ``session`` entry (a script that changes a setting the launcher never saw).
+``NODES_TO=DIR``: each task first writes the node Slurm gave it to ``DIR/node.<rank>``.
 """
 
 import atexit
@@ -26,6 +27,9 @@ def set_env(now: str) -> None:
         os.environ[name] = value
 
 
+if os.environ.get("NODES_TO"):
+    with open(os.path.join(os.environ["NODES_TO"], f"node.{rank}"), "w") as f:
+        f.write(os.environ.get("SLURMD_NODENAME", ""))
 mine = rank == int(victim)
 if mine and phase == "before":
     sys.exit(int(code))

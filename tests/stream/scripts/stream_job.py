@@ -101,7 +101,7 @@ def main() -> int:
         "is_streamer": cbtorch.is_streamer(), "task_id": cbtorch.task_id(),
         "num_tasks": cbtorch.num_tasks(), "num_streamers": cbtorch.num_streamers(),
         "streaming_rank": cbtorch.get_streaming_rank(), "use_cs": cbtorch.use_cs(),
-        "rank_sum": total, "len": len(loader),
+        "rank_sum": total, "len": len(loader), "node": os.environ.get("SLURMD_NODENAME"),
     }
     (a.out / f"rank{rank}.json").write_text(json.dumps(record))
 
