@@ -71,6 +71,8 @@ params are checked; each long flag also takes dashes, ``--max-steps`` for the le
                                        each program against eager PyTorch from the same state and batch
                                        (default ``$CSRUN_VERIFY_STEPS``, else 1; 0: off;
                                        :mod:`csrun.driver.verify`)
+``--verify_every K``                   ``runconfig.verify_every``: after those, one step in K is checked the
+                                       same way (default ``$CSRUN_VERIFY_EVERY``, else 0: none)
 ``--version``                          print ``run.py (csrun X.Y.Z)``
 (a model's own flags)                  ``run(..., extra_args_parser_fn=f)``: ``f()`` returns parser(s)
                                        (``add_help=False``) parsed with these; the values reach the

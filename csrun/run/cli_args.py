@@ -39,7 +39,7 @@ from csrun.typed_config import ConfigError
 
 RUNCONFIG_FLAGS = ("mode", "cs_ip", "cpu", "compile_only", "validate_only", "model_dir", "checkpoint_path",
                    "is_pretrained_checkpoint", "logging", "compile_dir", "execution_strategy", "resume", "start_over",
-                   "max_steps", "eval_steps", "checkpoint_steps", "verify_steps", "num_csx")
+                   "max_steps", "eval_steps", "checkpoint_steps", "verify_steps", "verify_every", "num_csx")
 """Flags that overwrite the ``runconfig`` key of the same name."""
 
 
@@ -99,6 +99,9 @@ def _add_run_flags(p: argparse.ArgumentParser, prog: str) -> None:
     p.add_argument("--verify_steps", type=int, default=None, metavar="N",
                    help="runconfig.verify_steps: check the first N steps of each program against eager PyTorch "
                         "(0: off; default $CSRUN_VERIFY_STEPS, else 1)")
+    p.add_argument("--verify_every", type=int, default=None, metavar="K",
+                   help="runconfig.verify_every: after those, check one step in K against eager PyTorch "
+                        "(0: none; default $CSRUN_VERIFY_EVERY, else 0)")
     for action in p._actions:  # unset, a runconfig flag takes the YAML's value: say so once
         if action.dest in RUNCONFIG_FLAGS and action.default is None and action.nargs != 0 and not action.required \
                 and action.help and "default" not in action.help:
@@ -180,7 +183,7 @@ def load_params(args: argparse.Namespace, *, model_config: type[ModelConfig] = M
     return params
 
 
-STEP_FLAGS = ("max_steps", "eval_steps", "checkpoint_steps", "verify_steps", "num_csx")
+STEP_FLAGS = ("max_steps", "eval_steps", "checkpoint_steps", "verify_steps", "verify_every", "num_csx")
 """Flags for ``runconfig`` step counts: a bad value is reported under the flag's name."""
 
 

@@ -66,6 +66,8 @@ class RunConfig:
     eval_steps: int | None = doc(None, "eval batches to run (default: one pass over the eval data)", min=1)
     verify_steps: int | None = doc(None, "steps of each program the device checks against eager PyTorch "
                                    "(default: $CSRUN_VERIFY_STEPS, else 1; 0: off)", min=0)
+    verify_every: int | None = doc(None, "after the first checked steps, the device checks one step in this many "
+                                   "against eager PyTorch (default: $CSRUN_VERIFY_EVERY, else 0: none)", min=0)
     model_dir: str = doc("", "output folder (default: <run.py dir>/model_dir)")
     cs_ip: str | None = doc(None, "system address HOST[:PORT] (port 9000 when none); default $CS_IP")
     cpu: bool = doc(False, "force the CPU path even when cs_ip is set")

@@ -257,7 +257,8 @@ def _run(params: Params, path: cli_args.RunPath, *, model_fn: Callable[[Params],
         cs_ip = path.cs_ip if compiling else (path.cs_ip or "embedded")
         cbtorch.initialize(cs_ip, compile_only=rc.compile_only, validate_only=rc.validate_only, settings=settings,
                            model_dir=str(model_dir), compile_dir=rc.compile_dir,
-                           queue_depth=params.csconfig.queue_depth, verify_steps=rc.verify_steps)
+                           queue_depth=params.csconfig.queue_depth, verify_steps=rc.verify_steps,
+                           verify_every=rc.verify_every)
     else:
         cbtorch.initialize(None, settings=settings, model_dir=str(model_dir), compile_dir=rc.compile_dir,
                            backend=cbtorch.EagerBackend(settings))

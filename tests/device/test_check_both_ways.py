@@ -156,5 +156,5 @@ def test_gpt2_resumes_in_weight_streaming_mode_with_the_check_on(
     common = ["-p", params, "-o", str(tmp_path / "md"), "--cs_ip", "embedded", "--execution_strategy",
               "weight_streaming", "--verify_steps", "3", "--checkpoint_steps", "6"]
     assert gpt("-m", "train", *common, "--max_steps", "6") == 0
-    assert gpt("-m", "train", *common, "--max_steps", "10", "--resume") == 0
+    assert gpt("-m", "train", *common, "--max_steps", "10", "--resume", "--verify_every", "2") == 0
     assert (tmp_path / "md" / "checkpoint_10.mdl").is_file()

@@ -149,7 +149,7 @@ WSE_INT_OPTIONS = {"--total-nodes": 1, "--tasks-per-node": 1, "--cpus-per-task":
 VALUE_OPTIONS = ["--time", "--job-name", "--log-dir", "--mount-dirs", "--logging"]
 """Options of both launchers that take a value (any non-empty word may be right for some)."""
 BOOL_OPTIONS = {"csrun_cpu": ["--alloc-node", "--exclude-gres"], "csrun_wse": []}
-RUN_INT_FLAGS = {"--max_steps": 1, "--eval_steps": 1, "--checkpoint_steps": 0, "--verify_steps": 0, "--num_csx": 1}
+RUN_INT_FLAGS = {"--max_steps": 1, "--eval_steps": 1, "--checkpoint_steps": 0, "--verify_steps": 0, "--verify_every": 0, "--num_csx": 1}
 RUN_WORD_FLAGS = ["--cs_ip", "--logging", "--model_dir", "--compile_dir", "--checkpoint_path", "--config",
                   "--execution_strategy", "--mode"]
 CS_IP_JUNK = ["::::", "host:99999", "host:-1", "host:0", "a b:9000", "http://host:9000", "[::1", "1.2.3.4:9000:1",
