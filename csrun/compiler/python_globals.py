@@ -29,6 +29,7 @@ names is not guarded (rebinding one mid-run is not a training pattern).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import dis
 import functools
 import sys
@@ -168,7 +169,7 @@ class GlobalReads:
             for name in {n for code in codes for n in _attribute_loads(code)}:
                 value = own.get(name, _MISSING)
                 if value is _MISSING or name.startswith("_") or name == "training" or any(name in h for h in held) \
-                        or not plain(value) or (id(own), name) in found:
+                        or not _changes_in_place(value) or not plain(value) or (id(own), name) in found:
                     continue
                 found[(id(own), name)] = Guard(own, name, _kept(value), type(module).__qualname__, kind="attribute")
         return tuple(found.values())
@@ -182,6 +183,13 @@ class GlobalReads:
             if line is not None:
                 return location_of(code.co_filename, line, code.co_name)
         return None
+
+
+def _changes_in_place(value: Any) -> bool:
+    """A value a forward can change without assigning it (a list, dict, set, namespace, dataclass,
+    tensor): an attribute assigned anew is :mod:`csrun.compiler.python_state`'s to hear."""
+    return isinstance(value, (list, dict, set, types.SimpleNamespace, torch.Tensor)) or \
+        (dataclasses.is_dataclass(value) and not isinstance(value, type))
 
 
 def _cells(frame: types.FrameType) -> tuple[Any, ...]:
@@ -258,7 +266,7 @@ def values_set(guards: tuple[Guard, ...]) -> Iterator[None]:
         return
     saved = [(g, g.current()) for g in guards]
     for g in guards:
-        _put(g, g.value)
+        _put(g, _kept(g.value))  # a copy: a change in place (``CALLS[0] += 1``) shows against the recorded value
     try:
         yield
         sink = getattr(_SINK, "sink", None)

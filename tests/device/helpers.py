@@ -14,7 +14,14 @@ from csrun.compiler import CompileSettings
 from csrun.torch import process_state as state_mod
 from tests.tiny_models import MLP
 
-FORWARD_CALLS = [0]
+class _Calls:
+    """A counter the device does not guard (an object, not a plain value): a forward that changed
+    a plain global each call would be refused."""
+
+    count = 0
+
+
+FORWARD_CALLS = _Calls()
 """Times the Python forward of :class:`CountingMLP` ran (a side effect the device must do once)."""
 
 WARMUP = {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 0.2, "steps": 10}
@@ -28,7 +35,7 @@ class CountingMLP(MLP):
         super().__init__(6, 16, 3)
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        FORWARD_CALLS[0] += 1
+        FORWARD_CALLS.count += 1
         return super().forward(batch)
 
 

@@ -382,6 +382,28 @@ def test_a_forward_that_counts_in_a_global_is_refused_at_the_increment(tmp_path:
     assert COUNT == 1  # run once, as eager's first step; the compile's trace put it back
 
 
+TALLY = [0]
+
+
+class CountsInAGlobalList(Stack):
+    def __init__(self) -> None:
+        super().__init__(6, 16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        TALLY[0] += 1  # changed in place: no assignment to hear
+        return super().forward(x) if TALLY[0] < 4 else super().forward(x) * 2
+
+
+def test_a_forward_that_counts_in_a_global_list_is_refused(tmp_path: Path) -> None:
+    """Not compiled again at every step (the guard saw its own change): refused, as the integer is."""
+    TALLY[0] = 0
+    with pytest.raises(Exception) as info:
+        run("embedded", tmp_path, plain_step, model=CountsInAGlobalList)
+    problem = found(info.value, ForwardChangesPythonGlobal)
+    assert problem is not None and "TALLY each call ([1] -> [2])" in str(problem), info.value
+    assert TALLY == [1]
+
+
 # -- 10. autograd the script drives -------------------------------------------------------------
 
 class Doubled(torch.autograd.Function):

@@ -91,9 +91,9 @@ def test_the_python_forward_runs_in_the_first_step_only_on_the_device_every_step
     captured by torch.export), a third time when step 1 is checked against eager PyTorch (on
     a copy of the model: csrun.driver.verify), and never again; on the CPU once per step."""
     monkeypatch.setenv("CSRUN_VERIFY_STEPS", verify)
-    helpers.FORWARD_CALLS[0] = 0
+    helpers.FORWARD_CALLS.count = 0
     train(cs_ip, steps=5, model_dir=model_dir)
-    assert helpers.FORWARD_CALLS[0] == calls
+    assert helpers.FORWARD_CALLS.count == calls
 
 
 def test_steps_out_of_order_are_refused(model_dir: str) -> None:
