@@ -70,6 +70,7 @@ from csrun.driver.clipping import Clip, ClippingError
 from csrun.driver.hooks import backward_hook_in, optimizer_hooks_on
 from csrun.driver.closures import ClosureRunner, StepClosure
 from csrun.driver.coherence import Coherence
+from csrun.driver.coherence.weight_names import WeightNames
 from csrun.driver.compile_info import CompileInfo, from_result
 from csrun.driver.options import DeviceOptions
 from csrun.driver.run_path import PathKind
@@ -197,10 +198,8 @@ class DeviceDriver:
         """The training state kept aside while an eval program is loaded."""
         self._train_held: tuple[str, ...] = ()
         """The gradients eager holds, kept aside with :attr:`train_state`."""
-        self._loaded_names: dict[int, str] = {}
-        """The model's weights and buffers by ``id`` when the program was loaded: their names there."""
-        self._optimizer_kept: dict[str, Any] = {}
-        """Each weight's optimizer state, by name, as last carried over (a frozen weight's stays)."""
+        self.weight_names = WeightNames()
+        """The loaded program's weight names, followed across a structure change to the next program."""
         self.steps_taken = 0
         """Optimizer steps taken (plus a loaded state's): :meth:`global_step`."""
         self.order = StepOrder()
@@ -231,7 +230,6 @@ class DeviceDriver:
         """The loaded program draws random numbers."""
         self._step_rates: list[float] | None = None
         """Each group's learning rate when the open step called ``optimizer.step()`` (while checking)."""
-        """Weights whose ``.grad`` is a :class:`~csrun.driver.clipping.DeviceGradient` (the first step)."""
         self._atexit = False
         self.cluster = ClusterSteps(options.num_csx, log.warning) if options.num_csx > 1 else None
         """On a cluster of systems: gathers each step's N batches."""
@@ -721,8 +719,7 @@ class DeviceDriver:
         if self.model is not None:
             with self.view.internal():
                 self.view.attach_model(self.model)  # modules added since the last program
-                self._loaded_names = {id(t): n for n, t in [*self.model.named_parameters(),
-                                                            *self.model.named_buffers()]}
+                self.weight_names.loaded(self.model)
         if self.compile_info is not None:
             self.compile_info = replace(self.compile_info, programming_time=time.perf_counter() - t0)
         return loaded
@@ -740,10 +737,10 @@ class DeviceDriver:
         weight that left the trainable set gets its optimizer state back when it returns."""
         with self.view.internal():
             self._flush_edits()
-            device_state = legacy_state.renamed(self._device().state_dict(), *self._renames())
+            device_state = legacy_state.renamed(self._device().state_dict(), *self.weight_names.renames(self.model))
             current = self._get_state(device_state)
         if self.loaded is not None and self.loaded.mode == "train" and self.device is not None:
-            self._keep_optimizer_state(current)
+            self.weight_names.carry_optimizer_state(current, self.model, self.optimizer)
             self.train_state = current
             self._train_held = tuple(device_state.get("gradients_held") or ())
         carried = self.train_state if mode == "train" and self.train_state is not None else current
@@ -767,32 +764,6 @@ class DeviceDriver:
             self.load_optimizer_state(torch.optim.Optimizer.state_dict(self.optimizer))
         if self.coherence.optimizer_state is not None:
             self.coherence.optimizer_state.synced()
-
-    def _renames(self) -> tuple[dict[str, str], set[str]]:
-        """The loaded program's weight names whose weights the model now names otherwise (old ->
-        new), and those whose name the model gave to another tensor since (a weight replaced:
-        the model's new one is kept, as eager keeps it)."""
-        if self.model is None:
-            return {}, set()
-        with self.view.internal():
-            now = {id(t): n for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]}
-        renames = {old: now[i] for i, old in self._loaded_names.items() if i in now and now[i] != old}
-        taken = set(now.values())
-        replaced = {old for i, old in self._loaded_names.items() if i not in now and old in taken}
-        return renames, replaced
-
-    def _keep_optimizer_state(self, state: dict[str, Any]) -> None:
-        """Remember each weight's optimizer state by name, and give a weight the device does not
-        hold now (frozen, since unfrozen) the state it had when it last trained."""
-        names = legacy_state.param_order(self.model, self.optimizer) or []
-        slots = (state.get("optimizer") or {}).get("state")
-        if not isinstance(slots, dict):
-            return
-        for index, name in enumerate(names):
-            if index in slots:
-                self._optimizer_kept[name] = slots[index]
-            elif name in self._optimizer_kept:
-                slots[index] = self._optimizer_kept[name]
 
     def _device(self) -> Device:
         """The device, opened on first use (and closed at interpreter exit)."""

@@ -221,7 +221,7 @@ def _targets() -> list[tuple[Any, str, Any]]:
     """The random functions to answer, where scripts and torch's own modules look them up: the
     functional module's names (``nn.Dropout`` and ``F.multi_head_attention_forward`` find them
     there), ``torch``'s, and the tensor fills."""
-    out = [(F, f.__name__, f) for f in (*_DROPOUTS, _ATTENTION)]
+    out: list[tuple[Any, str, Any]] = [(F, f.__name__, f) for f in (*_DROPOUTS, _ATTENTION)]
     out += [(torch, f.__name__, f) for f in (*_FACTORIES, *_LIKES)]
     out += [(torch.Tensor, name, getattr(torch.Tensor, name)) for name in sorted(_FILLS)]
     return out

@@ -260,12 +260,12 @@ def _coherent_class(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
         view = _view_of(self)
         if view is not None:
             view.read("a copy of the model")  # a copy holds the device's values, as eager's would
-        return copyreg.__newobj__, (cls,), _plain_state(self)  # the user's own class: a plain module
+        return copyreg.__newobj__, (cls,), _plain_state(self)  # type: ignore[attr-defined]  # the user's own class: a plain module
 
     made = type(cls.__name__, (cls,), {
         "__getattr__": __getattr__, "state_dict": state_dict, "_named_members": _named_members,
-        "load_state_dict": load_state_dict, "requires_grad_": requires_grad_, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-        "__doc__": cls.__doc__,
+        "load_state_dict": load_state_dict, "requires_grad_": requires_grad_, "__reduce_ex__": __reduce_ex__,
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
     })
     _CLASSES[cls] = made
     return made

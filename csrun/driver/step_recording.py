@@ -376,9 +376,9 @@ class StepRecorder:
         """What the model call at ``entry`` depends on that changed since it was recorded (its
         description and the key its notice is given once for), or None."""
         if watch.structure_version != entry.structure and watch.last_structure_change is not None:
-            change = watch.last_structure_change
-            what = describe_change(change, model).replace(" changed (", " was replaced (")
-            return what, f"{change.location.filename}:{change.location.lineno}" if change.location else what
+            replaced = watch.last_structure_change
+            what = describe_change(replaced, model).replace(" changed (", " was replaced (")
+            return what, f"{replaced.location.filename}:{replaced.location.lineno}" if replaced.location else what
         if _hooks_of(self._module_list(model)) != entry.hooks:
             return "a hook on the model was added or removed", "hooks"
         change = watch.changed_since(entry.guards or {})

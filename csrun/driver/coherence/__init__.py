@@ -16,6 +16,8 @@ line that made it, never trains something else in silence. Its parts, one concer
   scheduler runs as in eager.
 * :mod:`~csrun.driver.coherence.trainable`: a change of the trainable set or of the param groups
   compiles the step again, with one notice.
+* :mod:`~csrun.driver.coherence.weight_names`: at a switch of programs, the state carried over
+  follows each weight across a rename or a freeze and unfreeze.
 * :mod:`~csrun.driver.coherence.optimizer_state`: ``optimizer.state`` shows the device's when read,
   and a change the script makes to it is written to the device before the next step.
 
