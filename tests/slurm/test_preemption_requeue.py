@@ -39,6 +39,14 @@ def wait_until(predicate, seconds: float, what: str) -> None:  # type: ignore[no
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def finished(job: str, env: dict[str, str]) -> bool:
+    """Whether the job completed (an end in another state fails the test at once, naming it)."""
+    state = squeue_state(job, env)
+    assert state not in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"), \
+        f"job {job} ended {state}: {squeue_state(job, env, '%r')}"
+    return state == "COMPLETED"
+
+
 def finish_after_requeue(job: str, env: dict[str, str], md: Path, params: dict, params_file: Path) -> int:
     """Wait for the requeue, check the preemption checkpoint, shorten the run, start it now, wait."""
     wait_until(lambda: squeue_state(job, env) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), WAIT, "the job to be requeued")
@@ -51,8 +59,10 @@ def finish_after_requeue(job: str, env: dict[str, str], md: Path, params: dict, 
     # requeued job is started once it waits for nothing but that delay
     wait_until(lambda: (squeue_state(job, env), squeue_state(job, env, "%r")) == ("PENDING", "BeginTime")
                or squeue_state(job, env) in ("RUNNING", "COMPLETED"), WAIT, "the requeued job to wait for its begin time")
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=False)
-    wait_until(lambda: squeue_state(job, env) == "COMPLETED", WAIT, "the requeued run to finish")
+    # not "now": slurmd refuses a launch whose credential is of the same second as the revocation of the
+    # first run's ("Job credential revoked", the job FAILED); two seconds on, it is of a later one
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"], env=env, check=False)
+    wait_until(lambda: finished(job, env), WAIT, "the requeued run to finish")
     return saved_step
 
 
