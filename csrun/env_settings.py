@@ -96,6 +96,11 @@ class EnvSettings:
     cuda_graph: Literal["auto", "off"] = setting(
         "auto", "auto: on a CUDA device the engine replays each step's forward and backward as a CUDA graph "
                 "after 3 warm-up steps; off: every step launches its kernels")
+    compiled_step: Literal["off", "on", "graph"] = setting(
+        "off", "on: the engine compiles each training program's whole step (forward, backward, clipping, "
+               "update) with inductor and runs it from the second step, equal to eager within float32 "
+               "rounding; graph: the same captured step without inductor's code generation; off: each step "
+               "op by op, bit for bit eager")
     engine_trace: Literal["auto", "off"] = setting(
         "auto", "auto: the engine runs a checked TorchScript trace of the graph's forward; off: the graph as captured")
     site_config: str = setting("", "the site config YAML; empty: the first of ~/.config/csrun/site.yaml "

@@ -26,7 +26,8 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from csrun.emulator.engine import cuda_graph, half_emulation, loss_scaling, precision, traced_forward, update_split
+from csrun.emulator.engine import compiled_step, cuda_graph, half_emulation, loss_scaling, precision, traced_forward, \
+    update_split
 from csrun.program.errors import SpecError
 from csrun.emulator.engine.lean_step import ScriptedUpdate, lean_step, scripted_update
 from csrun.program.step_plan import FULL_STEP, StepPlan
@@ -327,6 +328,9 @@ class Engine:
         """The loss scale as the graph reads it (set before a step when the scaler's changed)."""
         self._graph_scale_value = 1.0
         self.step_graph = self._make_step_graph(step_graph)
+        self._compiled_mode = compiled_step.compiled_mode() if self.training else "off"
+        self._compiled: compiled_step.CompiledStep | None = None
+        """The whole step compiled (:mod:`~csrun.emulator.engine.compiled_step`), built at its first use."""
         # train/eval behaviour (dropout, batch norm) is fixed in the captured graph; the
         # unlifted module refuses .train()/.eval(), so nothing is switched here.
 
@@ -520,6 +524,8 @@ class Engine:
         """
         if self.step_graph is not None and (not self.training or (plan.backward and not self._holding_grads)):
             return self._graphed_step(batch, plan, publish)
+        if self._compiled_mode != "off" and self._compiles(plan):
+            return self._compiled_run(batch, plan, publish)
         inputs = self._to_device(batch)
         if not self.training:
             with torch.no_grad(), self._forward_context():
@@ -557,6 +563,55 @@ class Engine:
         if self._split is not None:
             with self._forward_context():
                 out.update(self._split.run_after(inputs, carried))
+        return out
+
+    def _compiles(self, plan: StepPlan) -> bool:
+        """Whether this step runs as the compiled whole step: a whole step (backward, update,
+        gradients cleared; none reported) after one on today's path in which every trainable
+        weight got a gradient; the program's first such step builds it, or says once why it
+        cannot and runs op by op from then on."""
+        if not (plan.backward and plan.update and plan.clear_grads and not plan.report_gradients
+                and not self._holding_grads and self.params
+                and len(self._grad_held) == len(self.params)):
+            return False
+        if self._compiled is None:
+            assert self.optimizer is not None and self.scaler is not None  # noqa: S101 - a train engine has them
+            reason = compiled_step.why_not(self.optimizer, precision=self.precision, device=self.device,
+                                           half=self.half_weights is not None, split=self._split is not None)
+            if reason:
+                self.notice(f"CSRUN_COMPILED_STEP={self._compiled_mode}: the step is not compiled whole because "
+                            f"{reason}; it runs op by op")
+                self._compiled_mode = "off"
+                return False
+            self._compiled = compiled_step.CompiledStep(
+                self.module, self.named_params, self.optimizer, dynamic_scaling=self.scaler.dynamic,
+                backend=compiled_step.backend_of(self._compiled_mode))
+        return True
+
+    def _compiled_run(self, batch: Any, plan: StepPlan,
+                      publish: Callable[[dict[str, Any]], None] | None) -> dict[str, torch.Tensor]:
+        """:meth:`run_step` as one compiled graph: the same outputs, state and loss-scale bookkeeping."""
+        compiled, scaler, opt = self._compiled, self.scaler, self.optimizer
+        assert compiled is not None and scaler is not None and opt is not None  # noqa: S101 - _compiles built it
+        inputs = self._to_device(batch)
+        if plan.hyperparameters:
+            self._set_hyperparameters(plan)  # another value than the graph's builds another graph
+        rates = self._rates(self._step, plan)
+        per_group = list(rates) if isinstance(rates, list) else [rates] * len(opt.param_groups)
+        optimizers.set_learning_rate(opt, rates)  # the groups show this update's rate, as on today's path
+        clip_norm, clip_value, norm_type = self._clipping(plan)
+        scale = scaler.scale
+        result = compiled.run(inputs, per_group, scale, compiled_step.Clip(clip_norm, clip_value, norm_type),
+                              _split_outputs)
+        overflow = bool(result.overflow) if scaler.dynamic else False
+        compiled.stepped(overflow)
+        out: dict[str, Any] = {"loss": result.loss, **self._step_values(rates, scale, plan), **result.extra}
+        if clip_norm:
+            out["grad_norm"] = result.grad_norm
+        scaler.update(overflow)
+        self._advance()
+        if publish is not None:
+            publish(out)
         return out
 
     def _update(self, out: dict[str, Any], plan: StepPlan, rates: float | list[float], *, scripted: bool = True) -> None:
