@@ -47,22 +47,20 @@ def adamw_groups(m: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW([{"params": [first], "lr": 3e-2, "weight_decay": 0.0}, {"params": rest}], lr=1e-2)
 
 
-def clipped_by_norm(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-    opt.step()
-    keep(out.losses, loss)
+def clipped(clip: Callable[[Any], Any]) -> Callable[..., None]:
+    """A plain step that clips the gradients with ``clip(parameters)`` before the update."""
+    def body(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        clip(model.parameters())
+        opt.step()
+        keep(out.losses, loss)
+    return body
 
 
-def clipped_by_value(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    torch.nn.utils.clip_grad_value_(model.parameters(), 0.05)
-    opt.step()
-    keep(out.losses, loss)
+clipped_by_norm = clipped(lambda ps: torch.nn.utils.clip_grad_norm_(ps, 0.5))
+clipped_by_value = clipped(lambda ps: torch.nn.utils.clip_grad_value_(ps, 0.05))
 
 
 def compiled_builds(caplog: pytest.LogCaptureFixture) -> int:

@@ -13,6 +13,8 @@
   per-step wrappers where that changes nothing;
 - :mod:`~csrun.emulator.engine.update_split`: a program cut at the update, for the values a
   step computes after ``optimizer.step()``;
+- :mod:`~csrun.emulator.engine.compiled_step`: the whole training step (forward to update) as
+  one compiled graph over the resident weights and state (``CSRUN_COMPILED_STEP``);
 - :mod:`~csrun.emulator.engine.cuda_graph`: on a CUDA device, the step's forward and backward
   captured once and replayed as a CUDA graph; :mod:`~csrun.emulator.engine.graph_check`, what a
   graph cannot hold.
