@@ -175,14 +175,15 @@ class Recording:
 
     def run(self, call_model: Callable[..., Any], model: torch.nn.Module | None, inputs: list[Any], *,
             at_update: Callable[[dict[int, Any]], Any] = lambda env: None,
-            recorded_on: torch.nn.Module | None = None) -> dict[str, Any]:
+            recorded_on: torch.nn.Module | None = None, autocast: str | None = None) -> dict[str, Any]:
         """Run the step's calls and operations on ``inputs`` (the program's inputs), eagerly:
         ``call_model(*args, **kwargs)`` runs the model's own forward, with ``model``'s modules in
         the modes and Python values of the recorded call (``recorded_on``: the model the step was
         recorded on, when ``model`` is a copy of it); results made under ``no_grad`` are
         detached; ``at_update(values)`` is called where ``optimizer.step()`` was, before the first
-        value made after it (at the end when nothing came after it). Returns the outputs by name
-        (``loss``, ``v<i>``)."""
+        value made after it (at the end when nothing came after it); ``autocast``: a dtype the
+        calls the script made outside its own ``torch.autocast`` run under (the check's estimate of
+        16-bit rounding). Returns the outputs by name (``loss``, ``v<i>``)."""
         modules = list(model.modules()) if model is not None else []
         originals = list(recorded_on.modules()) if recorded_on is not None else modules
         by_id = {id(o): m for o, m in zip(originals, modules)}
@@ -194,7 +195,7 @@ class Recording:
                 updated = True
             args = fill(e.args, env.__getitem__, inputs)
             kwargs = fill(e.kwargs, env.__getitem__, inputs)
-            with _autocast(e.autocast):
+            with _autocast(e.autocast or autocast):
                 if e.func is None:
                     drawn = Draws.replaying([inputs[i] for i in e.draw_inputs]) if e.draw_inputs is not None \
                         else contextlib.nullcontext()

@@ -19,7 +19,10 @@ naming the value, the tensor and the user's line that made it:
 2. **the gradients** the update applied (unscaled and clipped), each against eager's, relative to
    its largest magnitude with the step's largest gradient as a floor (:data:`GRADIENT_FLOOR`): a
    gradient that is zero in exact arithmetic (an attention key's bias) is rounding noise on both
-   sides, and is not compared with its own noise;
+   sides, and is not compared with its own noise; in a 16-bit program a gradient beyond that also
+   passes when it is within :data:`NOISE_FACTOR` times as far from eager's float32 gradient as
+   the same step replayed under ``torch.autocast`` at the precision is (this step's own
+   rounding: late in a run the gradients shrink and rounding is a larger part of them);
 3. **the update**, recomputed eagerly from the device's own gradients by the script's optimizer:
    the weights' change and the optimizer state after the step, tightly (:data:`UPDATE_TOLERANCE`:
    the same gradients give the same update, whatever the precision, so Adam's division by a tiny
@@ -77,6 +80,15 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 """Precision -> (relative, absolute): a value the step computed (an output, a gradient, a buffer)
 differs when its largest difference exceeds ``absolute + relative * (its largest magnitude in eager)``."""
+
+NOISE_FACTOR = 8.0
+"""In a 16-bit program a gradient also passes when its distance (2-norm) from eager's float32 one
+is within this many times the distance of eager's own 16-bit gradient (the same step replayed
+under ``torch.autocast`` at the precision) from it: the rounding this step, at this point of
+training, makes of it. A wrong gradient is as far as the gradient is long."""
+
+HALF_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "cbfloat16": "bfloat16"}
+"""The 16-bit precisions, with the autocast dtype their rounding is estimated at."""
 
 GRADIENT_FLOOR = 0.1
 """A gradient's magnitude for its tolerance is at least this part of the step's largest gradient
@@ -154,6 +166,9 @@ class _Eager:
     optimizer: torch.optim.Optimizer | None = None
     updated: bool = False
     """The update was recomputed (the device handed back its gradients and did not skip)."""
+    rounding: dict[str, float] = field(default_factory=dict)
+    """In a 16-bit program: each gradient's 2-norm distance between eager's 16-bit replay and its
+    float32 one (:data:`NOISE_FACTOR`); empty otherwise, or when that replay failed."""
 
 
 class StepCheck:
@@ -230,7 +245,38 @@ class StepCheck:
             outputs = facts.recording.run(forward, ref_model, list(facts.inputs), at_update=update,
                                           recorded_on=self.model)
         result.outputs = {**outputs, **result.outputs}
+        if result.gradients and facts.precision in HALF_DTYPES:
+            result.rounding = self._rounding(state, result.gradients)
         return result
+
+    def _rounding(self, state: Mapping[str, Any], gradients: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """How far 16-bit rounding moves each gradient of this step: the step replayed on another
+        copy under ``torch.autocast`` at the precision, against the float32 replay (2-norms); empty
+        when that replay fails (the fixed tolerance alone decides)."""
+        facts = self.facts
+        model, _ = self._copies()
+        model.load_state_dict(state["model"], strict=False)
+        params = dict(model.named_parameters())
+        found: dict[str, float] = {}
+
+        def backward(values: dict[int, Any]) -> None:
+            if facts.recording.loss is None:
+                return
+            values[facts.recording.loss].float().backward()
+            self._clip(model)
+            for name, p in params.items():
+                want = gradients.get(name)
+                if p.grad is not None and want is not None:
+                    found[name] = float(torch.linalg.vector_norm(p.grad.float() - want.float()))
+
+        torch.random.set_rng_state(self.rng)
+        try:
+            with torch.enable_grad():
+                facts.recording.run(type(model).forward.__get__(model), model, list(facts.inputs), at_update=backward,
+                                    recorded_on=self.model, autocast=HALF_DTYPES[facts.precision])
+        except Exception:  # noqa: BLE001 - an op without a 16-bit CPU kernel: no estimate
+            return {}
+        return found
 
     def _copies(self) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
         """Copies of the user's model and optimizer that know nothing of csrun (the optimizer's
@@ -323,6 +369,13 @@ class StepCheck:
                 want = torch.zeros_like(got)  # eager holds none: a zero_grad(set_to_none=False) zero
             found = self._differs(f"the gradient of '{name}' the update applied", got, want, self.facts.stepped_at,
                                   floor=floor, tolerance=(self._tolerance()[0], 1e-12))
+            if found is not None and name in eager.rounding:
+                distance = float(torch.linalg.vector_norm(got.float() - want.float()))
+                allowed = NOISE_FACTOR * eager.rounding[name]
+                if distance <= allowed:
+                    continue  # this step's 16-bit rounding moves it as far
+                found = _Mismatch(f"the gradient of '{name}' the update applied (2-norm of the difference)", distance,
+                                  allowed, self.facts.stepped_at)
             if found is not None:
                 return found
         missing = sorted(set(eager.gradients) - set(device))

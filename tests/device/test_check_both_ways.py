@@ -158,3 +158,21 @@ def test_gpt2_resumes_in_weight_streaming_mode_with_the_check_on(
     assert gpt("-m", "train", *common, "--max_steps", "6") == 0
     assert gpt("-m", "train", *common, "--max_steps", "10", "--resume", "--verify_every", "2") == 0
     assert (tmp_path / "md" / "checkpoint_10.mdl").is_file()
+
+
+def test_the_readme_jobs_float16_config_passes_twelve_checked_steps(tmp_path: Path) -> None:
+    """configs/fc_mnist.yaml (ten layers, float16 by rounding): as training goes on the gradients
+    shrink and 16-bit rounding becomes a larger part of them (step 4's last bias: 0.00242 apart where
+    a fixed tolerance allowed 0.00227); each gradient is held to this step's own rounding, measured by
+    the same step replayed under autocast (verify.NOISE_FACTOR)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, base_env
+
+    done = subprocess.run([sys.executable, str(REPO / "models" / "fc_mnist" / "run.py"), "--mode", "train",
+                           "--params", str(REPO / "configs" / "fc_mnist.yaml"), "--cs_ip", "embedded",
+                           "--max_steps", "12", "--verify_steps", "12", "-o", str(tmp_path / "md")],
+                          env={**base_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "md" / "checkpoint_12.mdl").is_file()
