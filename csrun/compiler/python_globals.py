@@ -125,6 +125,7 @@ class GlobalReads:
     def watching(self) -> Iterator["GlobalReads"]:
         """Note the user's functions the block runs (this thread only)."""
         previous = sys.getprofile()
+        chained = previous if callable(previous) else None  # a C profiler (cProfile) pauses for the recorded call
         frames = self._frames
 
         def profile(frame: types.FrameType, event: Any, arg: Any) -> None:
@@ -136,14 +137,17 @@ class GlobalReads:
                     owner = frame.f_locals.get("self") if code.co_argcount else None
                     if isinstance(owner, torch.nn.Module):
                         self._modules.setdefault(id(owner), (owner, set()))[1].add(code)
-            if previous is not None:
-                previous(frame, event, arg)
+            if chained is not None:
+                chained(frame, event, arg)
 
         sys.setprofile(profile)
         try:
             yield self
         finally:
-            sys.setprofile(previous)
+            if chained is not None or previous is None:
+                sys.setprofile(previous)
+            else:
+                previous.enable()  # cProfile's profiler: it installs itself again
 
     def guards(self) -> tuple[Guard, ...]:
         """The plain values the noted functions can read, as they are now."""

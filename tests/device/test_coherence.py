@@ -748,3 +748,19 @@ def test_a_float64_model_is_refused_before_it_trains_float32(tmp_path: Path) -> 
     run(None, tmp_path, body, model=lambda: Stack(6, 16, 3).double())  # eager trains it in float64
     with pytest.raises(Exception, match="not float32"):
         run("embedded", tmp_path, body, model=lambda: Stack(6, 16, 3).double())
+
+
+def test_a_script_profiled_with_cprofile_trains_and_keeps_its_profile(tmp_path: Path) -> None:
+    """The forward's watch (sys.setprofile) pauses a C profiler for the recorded call and gives it back."""
+    import cProfile
+    import sys
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        cpu, dev = both(tmp_path, plain_step)
+        still_profiling = sys.getprofile() is not None
+    finally:
+        profiler.disable()
+    assert_bitwise(cpu, dev)
+    assert still_profiling
