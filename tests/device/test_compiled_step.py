@@ -144,3 +144,20 @@ def test_inductor_compiles_the_step_and_it_trains_as_eager(tmp_path: Path, monke
         compiled = run("embedded", tmp_path / "on", plain_step, optimizer=adamw, steps=STEPS)
     assert compiled_builds(caplog) == 1
     assert_close(compiled, eager)
+
+
+def restart_adam_at_50(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
+    if step == 50:
+        opt.state.clear()  # Adam starts again: its bias corrections from step 1
+    plain_step(step, model, opt, x, y, out)
+
+
+def test_a_cleared_optimizer_state_restarts_the_bias_corrections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The step count the bias corrections use is the optimizer state's own, read at each step."""
+    eager = run(None, tmp_path / "cpu", restart_adam_at_50, optimizer=adam, steps=STEPS)
+    monkeypatch.setenv("CSRUN_COMPILED_STEP", "graph")
+    with caplog.at_level(logging.INFO, logger="csrun.emulator"):
+        compiled = run("embedded", tmp_path / "graph", restart_adam_at_50, optimizer=adam, steps=STEPS)
+    assert compiled_builds(caplog) >= 1
+    assert_close(compiled, eager)

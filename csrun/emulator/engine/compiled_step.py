@@ -122,16 +122,24 @@ class CompiledStep:
         self.groups = [[index[id(p)] for p in g["params"] if id(p) in index] for g in optimizer.param_groups]
         self.kind = type(optimizer)
         self._graphs: dict[tuple[Clip, Any, Any], Callable[..., Any]] = {}
-        self.updates = self._updates_so_far()
-        """Updates the optimizer applied so far (Adam's step count), kept on the host."""
 
     def _updates_so_far(self) -> int:
+        """Updates the optimizer applied so far (Adam's ``step``), read from its state at each step: a
+        loaded checkpoint or a state the script cleared starts it again."""
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 step = self.optimizer.state.get(p, {}).get("step")
                 if step is not None:
                     return int(step.item() if isinstance(step, torch.Tensor) else step)
         return 0
+
+    def ready(self) -> bool:
+        """Whether every weight has the state its update reads (a state the script cleared, or a
+        checkpoint without it, is made again by one step op by op, as ``torch.optim`` makes it)."""
+        keys = ("momentum_buffer",) if self.kind is torch.optim.SGD else ("exp_avg", "exp_avg_sq", "step")
+        if self.kind is torch.optim.SGD and not any(g.get("momentum") for g in self.optimizer.param_groups):
+            return True
+        return all(all(k in self.optimizer.state.get(p, {}) for k in keys) for p in self.params)
 
     # -- the step as one function --------------------------------------------------------------
 
@@ -208,15 +216,10 @@ class CompiledStep:
         return tuple(tuple(sorted((k, repr(v)) for k, v in g.items() if k not in ("params", "lr")))
                      for g in self.optimizer.param_groups)
 
-    def stepped(self, overflow: bool) -> None:
-        """The host's count of updates (Adam's bias corrections) after a step."""
-        if not overflow:
-            self.updates += 1
-
     def _bias_corrections(self, rates: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
         """Adam's step size (lr / (1 - beta1^t)) and sqrt(1 - beta2^t) per group for this update,
         in double precision on the host as ``torch.optim`` computes them."""
-        t = self.updates + 1
+        t = self._updates_so_far() + 1
         sizes, roots = [], []
         for group, lr in zip(self.optimizer.param_groups, rates):
             if self.kind is torch.optim.SGD:

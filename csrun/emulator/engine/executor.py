@@ -586,7 +586,7 @@ class Engine:
             self._compiled = compiled_step.CompiledStep(
                 self.module, self.named_params, self.optimizer, dynamic_scaling=self.scaler.dynamic,
                 backend=compiled_step.backend_of(self._compiled_mode))
-        return True
+        return self._compiled.ready()
 
     def _compiled_run(self, batch: Any, plan: StepPlan,
                       publish: Callable[[dict[str, Any]], None] | None) -> dict[str, torch.Tensor]:
@@ -604,7 +604,6 @@ class Engine:
         result = compiled.run(inputs, per_group, scale, compiled_step.Clip(clip_norm, clip_value, norm_type),
                               _split_outputs)
         overflow = bool(result.overflow) if scaler.dynamic else False
-        compiled.stepped(overflow)
         out: dict[str, Any] = {"loss": result.loss, **self._step_values(rates, scale, plan), **result.extra}
         if clip_norm:
             out["grad_norm"] = result.grad_norm
