@@ -147,7 +147,7 @@ class GlobalReads:
             if chained is not None or previous is None:
                 sys.setprofile(previous)
             else:
-                previous.enable()  # cProfile's profiler: it installs itself again
+                getattr(previous, "enable")()  # cProfile's profiler: it installs itself again
 
     def guards(self) -> tuple[Guard, ...]:
         """The plain values the noted functions can read, as they are now."""
