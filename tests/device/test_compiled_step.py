@@ -47,6 +47,11 @@ def adamw_groups(m: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW([{"params": [first], "lr": 3e-2, "weight_decay": 0.0}, {"params": rest}], lr=1e-2)
 
 
+def adam_first_frozen(m: nn.Module) -> torch.optim.Optimizer:
+    next(iter(m.parameters())).requires_grad_(False)  # a frozen weight is an argument of the graph, as a buffer is
+    return torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+
+
 def clipped(clip: Callable[[Any], Any]) -> Callable[..., None]:
     """A plain step that clips the gradients with ``clip(parameters)`` before the update."""
     def body(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor, out: Run) -> None:
@@ -79,7 +84,8 @@ def assert_close(got: Run, want: Run) -> None:
 
 @pytest.mark.parametrize("optimizer, body", [
     (sgd, plain_step), (adam, plain_step), (adamw, clipped_by_norm), (adamw_groups, clipped_by_value),
-], ids=["sgd-nesterov", "adam", "adamw-clip-norm", "adamw-groups-clip-value"])
+    (adam_first_frozen, plain_step),
+], ids=["sgd-nesterov", "adam", "adamw-clip-norm", "adamw-groups-clip-value", "adam-a-frozen-weight"])
 def test_the_compiled_step_trains_as_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            caplog: pytest.LogCaptureFixture,
                                            optimizer: Callable[[nn.Module], torch.optim.Optimizer],

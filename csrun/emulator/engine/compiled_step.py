@@ -113,8 +113,10 @@ class CompiledStep:
         self.module = module
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
-        self.buffer_names = [n for n, _ in module.named_buffers()]
-        self.buffers = [b for _, b in module.named_buffers()]
+        trained = {id(p) for p in self.params}  # the rest are arguments too: an edit of a frozen weight is read
+        fixed = [(n, p.detach()) for n, p in module.named_parameters() if id(p) not in trained]
+        self.buffer_names = [n for n, _ in [*fixed, *module.named_buffers()]]
+        self.buffers = [b for _, b in [*fixed, *module.named_buffers()]]
         self.optimizer = optimizer
         self.dynamic_scaling = dynamic_scaling
         self.backend = backend
