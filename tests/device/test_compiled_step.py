@@ -21,7 +21,7 @@ from torch import nn
 from csrun.compiler import CompileSettings
 from csrun.program.spec import LossScalingSpec
 
-from .same_as_eager import Run, Stack, assert_bitwise, keep, plain_step, run
+from .same_as_eager import Run, assert_bitwise, keep, plain_step, run
 
 STEPS = 100
 TOLERANCE = 1e-4
@@ -72,6 +72,17 @@ def compiled_builds(caplog: pytest.LogCaptureFixture) -> int:
     return sum("compiling the whole training step" in r.getMessage() for r in caplog.records)
 
 
+def eager_and_compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                       mode: str, body: Callable[..., None],
+                       optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> tuple[Run, Run, int]:
+    """The CPU path's run, the device's with ``CSRUN_COMPILED_STEP=mode``, and how many graphs it built."""
+    eager = run(None, tmp_path / "cpu", body, optimizer=optimizer, steps=STEPS)
+    monkeypatch.setenv("CSRUN_COMPILED_STEP", mode)
+    with caplog.at_level(logging.INFO, logger="csrun.emulator"):
+        compiled = run("embedded", tmp_path / mode, body, optimizer=optimizer, steps=STEPS)
+    return eager, compiled, compiled_builds(caplog)
+
+
 def assert_close(got: Run, want: Run) -> None:
     assert len(got.losses) == len(want.losses) == STEPS
     worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got.losses, want.losses))
@@ -90,11 +101,8 @@ def test_the_compiled_step_trains_as_eager(tmp_path: Path, monkeypatch: pytest.M
                                            caplog: pytest.LogCaptureFixture,
                                            optimizer: Callable[[nn.Module], torch.optim.Optimizer],
                                            body: Callable[..., None]) -> None:
-    eager = run(None, tmp_path / "cpu", body, optimizer=optimizer, steps=STEPS)
-    monkeypatch.setenv("CSRUN_COMPILED_STEP", "graph")
-    with caplog.at_level(logging.INFO, logger="csrun.emulator"):
-        compiled = run("embedded", tmp_path / "graph", body, optimizer=optimizer, steps=STEPS)
-    assert compiled_builds(caplog) == 1
+    eager, compiled, builds = eager_and_compiled(tmp_path, monkeypatch, caplog, "graph", body, optimizer)
+    assert builds == 1
     assert_close(compiled, eager)
 
 
@@ -144,11 +152,8 @@ def test_inductor_compiles_the_step_and_it_trains_as_eager(tmp_path: Path, monke
                                                            caplog: pytest.LogCaptureFixture) -> None:
     """The product's path: inductor's code for the whole step (a compile of tens of seconds on a
     cold cache)."""
-    eager = run(None, tmp_path / "cpu", plain_step, optimizer=adamw, steps=STEPS, model=lambda: Stack(6, 16, 3))
-    monkeypatch.setenv("CSRUN_COMPILED_STEP", "on")
-    with caplog.at_level(logging.INFO, logger="csrun.emulator"):
-        compiled = run("embedded", tmp_path / "on", plain_step, optimizer=adamw, steps=STEPS)
-    assert compiled_builds(caplog) == 1
+    eager, compiled, builds = eager_and_compiled(tmp_path, monkeypatch, caplog, "on", plain_step, adamw)
+    assert builds == 1
     assert_close(compiled, eager)
 
 
@@ -161,9 +166,6 @@ def restart_adam_at_50(step: int, model: nn.Module, opt: Any, x: torch.Tensor, y
 def test_a_cleared_optimizer_state_restarts_the_bias_corrections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """The step count the bias corrections use is the optimizer state's own, read at each step."""
-    eager = run(None, tmp_path / "cpu", restart_adam_at_50, optimizer=adam, steps=STEPS)
-    monkeypatch.setenv("CSRUN_COMPILED_STEP", "graph")
-    with caplog.at_level(logging.INFO, logger="csrun.emulator"):
-        compiled = run("embedded", tmp_path / "graph", restart_adam_at_50, optimizer=adam, steps=STEPS)
-    assert compiled_builds(caplog) >= 1
+    eager, compiled, builds = eager_and_compiled(tmp_path, monkeypatch, caplog, "graph", restart_adam_at_50, adam)
+    assert builds >= 1
     assert_close(compiled, eager)

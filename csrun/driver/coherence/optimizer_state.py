@@ -38,17 +38,12 @@ class DeviceOptimizerState(collections.defaultdict):  # type: ignore[type-arg]
         self._current = True
         """The host entries hold the device's values as of the last step sent."""
         self._quiet = 0
-        self._handed_out = False
-        """The script has looked at the entries (and may hold a tensor of them): from then on each step
-        compares their signature; before, nothing of them can have changed."""
 
     # -- reads bring it up to date -------------------------------------------------------------
 
     def refresh(self) -> None:
         """Copy the device's state into the host entries (in place where a tensor is there) when
         the device ran steps since; a change made meanwhile is refused first."""
-        if not self._quiet:
-            self._handed_out = True
         if self._quiet or self._current:
             return
         self._quiet += 1
@@ -88,7 +83,7 @@ class DeviceOptimizerState(collections.defaultdict):  # type: ignore[type-arg]
     def edited(self) -> bool:
         """Whether the script changed the entries since they were last synced; refused when it
         changed an out-of-date copy."""
-        if not self._handed_out or self._seen is None or self._signature() == self._seen:
+        if self._seen is None or self._signature() == self._seen:
             return False
         if not self._current:
             raise HostEditError(f"the optimizer's state changed on the host while its copy there was out of date: {_FIX}")
